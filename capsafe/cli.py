@@ -1,0 +1,78 @@
+"""The `capsafe` command.
+
+Subcommands live with the code they drive and register themselves through the
+`capsafe.commands` entry-point group: `cache` here in the core, `sweep` in the
+harness, `repro` in the reproducers. That keeps capsafe free of imports from
+harness and repro while one command serves all three. A register function
+takes the subparsers object and adds one parser whose `func` default takes the
+parsed namespace and returns an exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from importlib.metadata import entry_points
+
+from capsafe.errors import CapsafeError
+
+EXIT_USAGE = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="capsafe",
+        description="Find and prevent CUDA tests that pass alone and fail together.",
+    )
+    parser.add_argument("--version", action="version", version=f"capsafe {_version()}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for ep in sorted(entry_points(group="capsafe.commands"), key=lambda e: e.name):
+        try:
+            register = ep.load()
+        except ImportError as exc:
+            # A missing optional dependency must not take the other commands down.
+            missing = commands.add_parser(ep.name, help=f"(unavailable: {exc})")
+            missing.set_defaults(func=_unavailable(ep.name, exc))
+            continue
+        register(commands)
+    return parser
+
+
+def _unavailable(name: str, exc: ImportError):
+    def run(_args: argparse.Namespace) -> int:
+        print(
+            f"capsafe {name}: unavailable ({exc}); install the extras: pip install 'capsafe[dev]'",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+
+    return run
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("capsafe")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "func", None) is None:
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return int(args.func(args) or 0)
+    except CapsafeError as exc:
+        print(f"capsafe {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"capsafe {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

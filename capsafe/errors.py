@@ -1,0 +1,49 @@
+"""Exceptions raised by capsafe.
+
+Every driver failure is a `CudaError` carrying the `CUresult` name and the call
+that produced it, so a log line says what failed without a debugger.
+"""
+
+from __future__ import annotations
+
+
+class CapsafeError(Exception):
+    """Base class for everything capsafe raises on purpose."""
+
+
+class UsageError(CapsafeError, ValueError):
+    """The caller asked for something that cannot be: a bad name, ordinal or setting."""
+
+
+class BackendUnavailable(CapsafeError, RuntimeError):
+    """The requested driver backend cannot run on this machine (no driver, no device)."""
+
+
+class ForkedProcessError(CapsafeError, RuntimeError):
+    """A CUDA context created before `os.fork` was used in the child, where it is dead."""
+
+
+class CudaError(CapsafeError, RuntimeError):
+    """A driver call failed. `result` is the CUresult name, e.g. CUDA_ERROR_INVALID_VALUE."""
+
+    def __init__(self, result: str, call: str, detail: str = "") -> None:
+        self.result = result
+        self.call = call
+        self.detail = detail
+        message = f"{call} failed: {result}"
+        if detail:
+            message += f" ({detail})"
+        super().__init__(message)
+
+    def __reduce__(self):  # keep pickling (xdist, multiprocessing) exact
+        return (type(self), (self.result, self.call, self.detail))
+
+
+class CaptureInvalidated(CudaError):
+    """CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: something outside the capture broke it."""
+
+
+def cuda_error(result: str, call: str, detail: str = "") -> CudaError:
+    """Build the right `CudaError` subclass for a CUresult name."""
+    cls = CaptureInvalidated if result == "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED" else CudaError
+    return cls(result, call, detail)

@@ -1,0 +1,158 @@
+"""The capture hazard table: which driver call breaks which open capture.
+
+This module is the single source of truth read by the simulated device (to
+fail the same calls the hardware fails), by the capture gate (to know which
+calls need the shared side), by the hazard-matrix reproducer (to compare a
+measurement against it) and by docs/hazards.md. Every rule below was measured
+on an NVIDIA H200, driver 580.159.04, cuda-bindings 13.3.1; the raw rows are in
+docs/data/ and a test checks that this table reproduces each of them.
+
+A *call* is named by what it does, not by the driver symbol, because the same
+symbol is safe or not depending on its arguments (cuStreamSynchronize on another
+stream vs on the capturing one; async work on the legacy stream vs a
+non-blocking one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from capsafe.handles import CaptureMode, StreamKind
+
+SUCCESS = "CUDA_SUCCESS"
+UNSUPPORTED = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
+IMPLICIT = "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT"
+INVALIDATED = "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"
+
+SAME_THREAD = "same_thread"
+OTHER_THREAD = "other_thread"
+CALLERS = (SAME_THREAD, OTHER_THREAD)
+MODES = tuple(CaptureMode)
+CAPTURE_STREAMS = (StreamKind.NONBLOCKING, StreamKind.BLOCKING)
+
+#: Every call the table knows, with the driver symbol it exercises.
+CALLS: dict[str, str] = {
+    "noop": "(nothing: the control row)",
+    "mem_alloc": "cuMemAlloc",
+    "mem_free": "cuMemFree",
+    "mem_alloc_free": "cuMemAlloc + cuMemFree",
+    "mem_alloc_async_other": "cuMemAllocAsync on another stream",
+    "host_alloc": "cuMemHostAlloc",
+    "host_free": "cuMemFreeHost",
+    "module_load": "cuModuleLoadData",
+    "module_unload": "cuModuleUnload",
+    "event_create": "cuEventCreate",
+    "event_destroy": "cuEventDestroy",
+    "event_sync_other": "cuEventSynchronize (event recorded on another stream)",
+    "stream_create": "cuStreamCreate",
+    "stream_destroy": "cuStreamDestroy",
+    "stream_sync_other": "cuStreamSynchronize on another stream",
+    "stream_query_capturing": "cuStreamQuery on the capturing stream",
+    "ctx_sync": "cuCtxSynchronize",
+    "memcpy_htod": "cuMemcpyHtoD (synchronous)",
+    "memcpy_dtoh": "cuMemcpyDtoH (synchronous)",
+    "memset_sync": "cuMemsetD8 (synchronous)",
+    "memset_async_legacy": "cuMemsetD8Async on the legacy default stream",
+    "memset_async_other_nonblocking": "cuMemsetD8Async on another non-blocking stream",
+    "mem_get_info": "cuMemGetInfo",
+    "primary_ctx_release_retain": "cuDevicePrimaryCtxRelease + cuDevicePrimaryCtxRetain",
+    "vmm_map": "cuMemCreate + cuMemAddressReserve + cuMemMap + cuMemSetAccess",
+    "vmm_unmap": "cuMemUnmap + cuMemRelease + cuMemAddressFree",
+}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Calls that fail with `result` (and invalidate the capture) in the cells listed."""
+
+    name: str
+    calls: frozenset[str]
+    modes: frozenset[CaptureMode]
+    streams: frozenset[StreamKind]
+    callers: frozenset[str]
+    result: str
+    why: str
+
+
+def _rule(name, calls, result, why, modes=MODES, streams=CAPTURE_STREAMS, callers=CALLERS):
+    return Rule(name, frozenset(calls), frozenset(modes), frozenset(streams), frozenset(callers),
+                result, why)
+
+
+#: Allocation and synchronization that GLOBAL mode forbids from any thread and
+#: THREAD_LOCAL forbids from the capturing thread; RELAXED allows them.
+ALLOCATOR_CALLS = (
+    "mem_alloc", "mem_free", "mem_alloc_free", "mem_alloc_async_other", "host_alloc",
+    "host_free", "module_unload", "event_sync_other", "stream_sync_other",
+)
+#: Calls that break every capture, in every mode, from any thread.
+ALWAYS_CALLS = ("ctx_sync", "stream_query_capturing")
+#: Work on the legacy stream, which implicitly synchronizes with blocking streams.
+LEGACY_STREAM_CALLS = ("memcpy_htod", "memcpy_dtoh", "memset_sync", "memset_async_legacy")
+
+RULES: tuple[Rule, ...] = (
+    _rule("always", ALWAYS_CALLS, UNSUPPORTED,
+          "waits on the device or on the capturing stream itself"),
+    _rule("global-any-thread", ALLOCATOR_CALLS, UNSUPPORTED,
+          "GLOBAL mode forbids potentially-synchronizing calls from every thread",
+          modes=(CaptureMode.GLOBAL,)),
+    _rule("thread-local-same-thread", ALLOCATOR_CALLS, UNSUPPORTED,
+          "THREAD_LOCAL forbids them on the capturing thread only",
+          modes=(CaptureMode.THREAD_LOCAL,), callers=(SAME_THREAD,)),
+    _rule("legacy-implicit", LEGACY_STREAM_CALLS, IMPLICIT,
+          "legacy-stream work implicitly joins a blocking capture stream",
+          streams=(StreamKind.BLOCKING,)),
+)
+
+# Every rule names known calls; a typo here would silently make a call "safe".
+assert all(rule.calls <= CALLS.keys() for rule in RULES)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    call_result: str  # what the call itself returned
+    end_capture: str  # what cuStreamEndCapture returned afterwards
+
+    @property
+    def breaks_capture(self) -> bool:
+        return self.end_capture != SUCCESS
+
+
+def rule_for(call: str, mode: CaptureMode | str, stream: StreamKind | str,
+             caller: str) -> Rule | None:
+    """The rule that makes `call` fail in this cell, or None when the call is safe there."""
+    if call not in CALLS:
+        raise KeyError(f"unknown call {call!r}; known: {', '.join(CALLS)}")
+    mode, stream = CaptureMode.parse(mode), StreamKind(stream)
+    for rule in RULES:
+        if (call in rule.calls and mode in rule.modes and stream in rule.streams
+                and caller in rule.callers):
+            return rule
+    return None
+
+
+def expected(call: str, mode: CaptureMode | str, stream: StreamKind | str,
+             caller: str) -> Outcome:
+    """What the table predicts for one cell of the hazard matrix."""
+    rule = rule_for(call, mode, stream, caller)
+    if rule is None:
+        return Outcome(SUCCESS, SUCCESS)
+    return Outcome(rule.result, INVALIDATED)
+
+
+def cells() -> Iterator[tuple[str, CaptureMode, StreamKind, str]]:
+    """Every (call, mode, capture stream, caller) cell of the matrix, in a stable order."""
+    for call in CALLS:
+        for mode in MODES:
+            for stream in CAPTURE_STREAMS:
+                for caller in CALLERS:
+                    yield call, mode, stream, caller
+
+
+def ever_breaks(call: str) -> bool:
+    """True when `call` breaks a capture in at least one cell (the conservative gate set)."""
+    return any(call in rule.calls for rule in RULES)
+
+
+CAPTURE_BREAKING_CALLS: frozenset[str] = frozenset(c for c in CALLS if ever_breaks(c))

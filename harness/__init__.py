@@ -1,0 +1,1 @@
+"""capsafe's harness: a pytest plugin and the `capsafe sweep` command."""
