@@ -4,6 +4,7 @@ The public names are re-exported here as their modules land; import from the
 modules directly for everything else.
 """
 
+from capsafe.config import FrozenConfig, FrozenConfigError, runtime_config
 from capsafe.errors import (
     BackendUnavailable,
     CapsafeError,
@@ -21,6 +22,9 @@ __all__ = [
     "CaptureMode",
     "CudaError",
     "ForkedProcessError",
+    "FrozenConfig",
+    "FrozenConfigError",
     "StreamKind",
     "UsageError",
+    "runtime_config",
 ]
