@@ -4,7 +4,9 @@ The public names are re-exported here as their modules land; import from the
 modules directly for everything else.
 """
 
+from capsafe.capture import Capture, capture
 from capsafe.config import FrozenConfig, FrozenConfigError, runtime_config
+from capsafe.context import device
 from capsafe.errors import (
     BackendUnavailable,
     CapsafeError,
@@ -13,18 +15,26 @@ from capsafe.errors import (
     ForkedProcessError,
     UsageError,
 )
+from capsafe.gate import CaptureGate, GateTimeout
 from capsafe.handles import CaptureMode, StreamKind
+from capsafe.streams import TestStream
 
 __all__ = [
     "BackendUnavailable",
     "CapsafeError",
+    "Capture",
+    "CaptureGate",
     "CaptureInvalidated",
     "CaptureMode",
     "CudaError",
     "ForkedProcessError",
     "FrozenConfig",
     "FrozenConfigError",
+    "GateTimeout",
     "StreamKind",
+    "TestStream",
     "UsageError",
+    "capture",
+    "device",
     "runtime_config",
 ]

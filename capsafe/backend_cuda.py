@@ -72,6 +72,15 @@ def unavailable_reason() -> str | None:
     return None
 
 
+def bindings_version() -> str | None:
+    """The installed cuda-bindings version, or None when it is not installed."""
+    try:
+        from cuda.bindings import __version__
+    except Exception:
+        return None
+    return str(__version__)
+
+
 _CAPTURE_STATUS = {
     "CU_STREAM_CAPTURE_STATUS_NONE": CaptureStatus.NONE,
     "CU_STREAM_CAPTURE_STATUS_ACTIVE": CaptureStatus.ACTIVE,
@@ -156,6 +165,9 @@ class CudaBackend(Backend):
     def _stream(self, stream: Stream) -> Any:
         return stream.raw if stream.raw is not None else self._drv.CUstream(stream.value)
 
+    def _device(self, device: Device) -> Any:
+        return device.raw if device.raw is not None else self._drv.CUdevice(device.value)
+
     def _ptr(self, ptr: DevicePtr) -> Any:
         return self._drv.CUdeviceptr(ptr.value)
 
@@ -186,7 +198,7 @@ class CudaBackend(Backend):
         return Device(int(dev), raw=dev, ordinal=ordinal)
 
     def device_get_name(self, device: Device) -> str:
-        name = self._call("cuDeviceGetName", 256, device.raw)
+        name = self._call("cuDeviceGetName", 256, self._device(device))
         return bytes(name).split(b"\0", 1)[0].decode(errors="replace").strip()
 
     def device_get_attribute(self, device: Device, attribute: str) -> int:
@@ -196,15 +208,17 @@ class CudaBackend(Backend):
             raise UsageError(
                 f"unknown device attribute {attribute!r} (CU_DEVICE_ATTRIBUTE_ suffix)"
             )
-        return int(self._call("cuDeviceGetAttribute", member, device.raw, detail=attribute))
+        return int(
+            self._call("cuDeviceGetAttribute", member, self._device(device), detail=attribute)
+        )
 
     # -- contexts -----------------------------------------------------------
     def primary_ctx_retain(self, device: Device) -> Context:
-        ctx = self._call("cuDevicePrimaryCtxRetain", device.raw)
+        ctx = self._call("cuDevicePrimaryCtxRetain", self._device(device))
         return Context(int(ctx), raw=ctx)
 
     def primary_ctx_release(self, device: Device) -> None:
-        self._call("cuDevicePrimaryCtxRelease", device.raw)
+        self._call("cuDevicePrimaryCtxRelease", self._device(device))
 
     def ctx_set_current(self, context: Context | None) -> None:
         raw = self._drv.CUcontext(0) if context is None else context.raw

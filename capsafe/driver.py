@@ -3,33 +3,51 @@
 `CAPSAFE_BACKEND=cuda|sim|auto` selects. `auto` (the default) takes `cuda` when
 a driver and at least one device answer, and `sim` otherwise, and logs which it
 took and why, so a CPU-only CI run never mistakes itself for a GPU run.
+
+`get()` hands out the backend behind a `GatedDriver`: every call the hazard
+table says can break a capture takes the shared side of the process-wide
+capture gate, capture begin/end take its exclusive side, and teardown that the
+capturing thread requests mid-capture is deferred to the capture's end.
+`CAPSAFE_GATE=0` (or `get(gated=False)`) keeps the facade but gates nothing,
+only counting those calls so a broken capture can name them; `raw()` is the bare
+backend, for A/B measurements.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import os
 import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
 
+from capsafe import hazards
 from capsafe.backend import Backend
-from capsafe.errors import BackendUnavailable, UsageError
+from capsafe.errors import BackendUnavailable, CaptureInvalidated, UsageError
+from capsafe.gate import DEFAULT_CAPTURE_TIMEOUT_S, CaptureGate, CaptureGuard
+from capsafe.gate import gate as process_gate
+from capsafe.handles import CaptureMode, Graph, Stream, StreamKind
+from capsafe.hazard_calls import METHOD_CALLS, STREAM_WAIT_METHODS, STREAM_WORK_METHODS, hazard_call
 
 BACKENDS = ("cuda", "sim", "auto")
 log = logging.getLogger("capsafe")
 
 _lock = threading.Lock()
 _driver: Backend | None = None
+_facades: dict[bool, GatedDriver] = {}
 _why = ""
 
 
 def requested_backend() -> str:
-    """The backend named by CAPSAFE_BACKEND (default auto), validated."""
-    name = os.environ.get("CAPSAFE_BACKEND", "auto").strip().lower() or "auto"
-    if name not in BACKENDS:
-        raise UsageError(
-            f"CAPSAFE_BACKEND={name!r} is not a backend; use one of: {', '.join(BACKENDS)}"
-        )
-    return name
+    """The backend named by CAPSAFE_BACKEND (default auto), validated, from the frozen config."""
+    from capsafe.config import runtime_config
+
+    return runtime_config().backend
 
 
 def create_backend(name: str) -> tuple[Backend, str]:
@@ -44,7 +62,10 @@ def create_backend(name: str) -> tuple[Backend, str]:
 
     problem = backend_cuda.unavailable_reason()
     if problem is None:
-        return backend_cuda.CudaBackend(), "cuda requested" if name == "cuda" else "auto: found a GPU"
+        return (
+            backend_cuda.CudaBackend(),
+            "cuda requested" if name == "cuda" else "auto: found a GPU",
+        )
     if name == "cuda":
         raise BackendUnavailable(f"CAPSAFE_BACKEND=cuda but {problem}; use CAPSAFE_BACKEND=sim")
     from capsafe.backend_sim import SimBackend
@@ -52,8 +73,8 @@ def create_backend(name: str) -> tuple[Backend, str]:
     return SimBackend(), f"auto: {problem}, using the simulated device"
 
 
-def get() -> Backend:
-    """The process-wide driver, created on first use from CAPSAFE_BACKEND."""
+def raw() -> Backend:
+    """The process-wide backend itself, created on first use from CAPSAFE_BACKEND: no gate."""
     global _driver, _why
     if _driver is None:
         with _lock:
@@ -65,17 +86,298 @@ def get() -> Backend:
     return _driver
 
 
+def gate_settings() -> tuple[bool, str]:
+    """(gating on, policy) from CAPSAFE_GATE and CAPSAFE_GATE_POLICY."""
+    from capsafe.config import runtime_config
+
+    config = runtime_config()
+    return config.gate_enabled, config.gate_policy
+
+
+def get(gated: bool | None = None) -> Backend:
+    """The process-wide driver facade; `gated` overrides CAPSAFE_GATE (see the module doc)."""
+    enabled, policy = gate_settings()
+    key = enabled if gated is None else gated
+    facade = _facades.get(key)
+    if facade is None:
+        backend = raw()
+        with _lock:
+            facade = _facades.get(key)
+            if facade is None:
+                facade = GatedDriver(backend, process_gate() if key else None, policy=policy)
+                _facades[key] = facade
+    return cast(Backend, facade)
+
+
 def backend_choice() -> str:
     """Which backend `get()` took and why, e.g. 'sim (auto: no NVIDIA driver ...)'."""
     driver = get()
     return f"{driver.name} ({_why})"
 
 
+# -- the gated facade -----------------------------------------------------------
+
+POLICIES = ("conservative", "measured")
+#: Teardown the capturing thread may trigger mid-capture (a finalizer): deferred to its end.
+DEFERRED_RELEASES = frozenset(
+    {
+        "mem_free",
+        "mem_free_host",
+        "module_unload",
+        "stream_destroy",
+        "event_destroy",
+        "primary_ctx_release",
+        "graph_destroy",
+        "graph_exec_destroy",
+    }
+)
+_CAPTURE_METHODS = ("stream_begin_capture", "stream_end_capture")
+
+
+def _stream_index(method: str) -> int:
+    """Position of the `stream` argument of a Backend method (self not counted)."""
+    params = list(inspect.signature(getattr(Backend, method)).parameters)
+    return params.index("stream") - 1
+
+
+@functools.lru_cache(maxsize=4096)
+def _stream_work_call(method: str, stream: Stream) -> str | None:
+    # Work on another stream: breaking only on the legacy stream (or async alloc/free).
+    call = hazard_call(method, stream)
+    return call if call in hazards.CAPTURE_BREAKING_CALLS else None
+
+
+@functools.cache
+def breaking_calls(mode: CaptureMode, stream_kind: StreamKind) -> frozenset[str]:
+    """Calls that break a `mode` capture on a `stream_kind` stream from another thread."""
+    return frozenset(
+        c for c in hazards.CALLS if hazards.rule_for(c, mode, stream_kind, hazards.OTHER_THREAD)
+    )
+
+
+class _Activity:
+    """Hazardous calls made through the ungated facade, counted per thread without a lock."""
+
+    def __init__(self) -> None:
+        self._tls = threading.local()
+        self._counters: list[tuple[threading.Thread, Counter[str]]] = []
+
+    def count(self, call: str) -> None:
+        try:
+            counter = self._tls.counter
+        except AttributeError:
+            counter = self._tls.counter = Counter()
+            self._counters.append((threading.current_thread(), counter))
+        counter[call] += 1
+
+    def snapshot(self) -> Counter[tuple[str, str]]:
+        out: Counter[tuple[str, str]] = Counter()
+        for thread, counter in list(self._counters):
+            for call, n in dict(counter).items():
+                out[thread.name, call] += n
+        return out
+
+
+@dataclass
+class _Window:
+    """One open capture as the facade saw it begin."""
+
+    stream: Stream
+    mode: CaptureMode
+    started: float
+    guard: CaptureGuard | None
+    activity: Counter[tuple[str, str]]
+    bypassed: Counter[str]
+
+
+class GatedDriver:
+    """A `Backend` with the capture gate in front of the calls that can break a capture.
+
+    Methods are bound per instance when the facade is built: calls the hazard
+    table never flags are the backend's own bound methods (no overhead), flagged
+    calls are wrapped in one shared section, releases first check for a capture
+    of the calling thread. `gate=None` builds the ungated facade, which only
+    counts the flagged calls. `policy`: "conservative" keeps every flagged call
+    out of every capture window; "measured" lets a call run beside an open capture
+    whose mode and stream kind it cannot break (see docs/gate.md).
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        gate: CaptureGate | None,
+        *,
+        policy: str = "conservative",
+        capture_timeout: float | None = DEFAULT_CAPTURE_TIMEOUT_S,
+    ) -> None:
+        if policy not in POLICIES:
+            raise UsageError(f"unknown gate policy {policy!r}; use one of: {', '.join(POLICIES)}")
+        self.backend = backend
+        self.gate = gate
+        self.policy = policy
+        self.capture_timeout = capture_timeout
+        self.name = backend.name
+        self.activity = _Activity()
+        self._windows: dict[int, _Window] = {}
+        for method in Backend.__abstractmethods__:
+            if method not in _CAPTURE_METHODS:
+                setattr(self, method, self._bind(method))
+
+    @property
+    def gated(self) -> bool:
+        return self.gate is not None
+
+    def __getattr__(self, name: str) -> Any:
+        # Backend-specific extras (not part of the Backend interface) pass through.
+        return getattr(self.backend, name)
+
+    def _bind(self, method: str) -> Callable[..., Any]:
+        fn = getattr(self.backend, method)
+        if method in STREAM_WAIT_METHODS:
+            # The stream may be the capturing one: name the call by that, its worst case.
+            wrapped = self._wrap(fn, lambda *a, **k: "stream_query_capturing")
+        elif method in STREAM_WORK_METHODS:
+            index = _stream_index(method)
+
+            def classify(*args: Any, **kwargs: Any) -> str | None:
+                stream = args[index] if len(args) > index else kwargs["stream"]
+                return _stream_work_call(method, stream)
+
+            wrapped = self._wrap(fn, classify)
+        elif METHOD_CALLS.get(method) in hazards.CAPTURE_BREAKING_CALLS:
+            call = METHOD_CALLS[method]
+            wrapped = self._wrap(fn, None, call)
+        else:
+            wrapped = fn
+        if method in DEFERRED_RELEASES and self.gate is not None:
+            wrapped = self._deferring(wrapped, self.gate)
+        return functools.wraps(fn)(wrapped) if wrapped is not fn else fn
+
+    def _wrap(
+        self,
+        fn: Callable[..., Any],
+        classify: Callable[..., str | None] | None,
+        fixed: str | None = None,
+    ) -> Callable[..., Any]:
+        gate = self.gate
+        if gate is None:
+            count = self.activity.count
+
+            def counted(*args: Any, **kwargs: Any) -> Any:
+                call = fixed if classify is None else classify(*args, **kwargs)
+                if call is not None:
+                    count(call)
+                return fn(*args, **kwargs)
+
+            return counted
+        enter, exit_ = gate.enter, gate.exit
+        if classify is None:
+
+            def gated(*args: Any, **kwargs: Any) -> Any:
+                enter(fixed)
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    exit_()
+
+            return gated
+
+        def gated_by_args(*args: Any, **kwargs: Any) -> Any:
+            call = classify(*args, **kwargs)
+            if call is None:
+                return fn(*args, **kwargs)
+            enter(call)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                exit_()
+
+        return gated_by_args
+
+    @staticmethod
+    def _deferring(release: Callable[..., Any], gate: CaptureGate) -> Callable[..., Any]:
+        defer = gate.defer_if_capturing
+
+        def deferring(*args: Any, **kwargs: Any) -> Any:
+            if defer(release, *args, **kwargs):
+                return None
+            return release(*args, **kwargs)
+
+        return deferring
+
+    # -- capture -------------------------------------------------------------------
+    def stream_begin_capture(self, stream: Stream, mode: CaptureMode | str) -> None:
+        """Take the gate's exclusive side (if gated), then begin capturing `stream`."""
+        mode = CaptureMode.parse(mode)
+        guard = None
+        if self.gate is not None:
+            harmful = None if self.policy == "conservative" else breaking_calls(mode, stream.kind)
+            guard = self.gate.begin_capture(
+                harmful=harmful,
+                timeout=self.capture_timeout,
+                label=f"on stream {stream.value} ({stream.kind}, {mode})",
+            )
+        try:
+            self.backend.stream_begin_capture(stream, mode)
+        except BaseException:
+            if guard is not None:
+                guard.release()
+            raise
+        self._windows[stream.value] = _Window(
+            stream,
+            mode,
+            time.monotonic(),
+            guard,
+            self.activity.snapshot() if guard is None else Counter(),
+            Counter() if guard is None else self.gate.bypassed_calls(),
+        )
+
+    def stream_end_capture(self, stream: Stream) -> Graph:
+        """End the capture and release the gate (running deferred teardown); see `capture`."""
+        window = self._windows.pop(stream.value, None)
+        try:
+            return self.backend.stream_end_capture(stream)
+        except CaptureInvalidated as exc:
+            if window is None:
+                raise
+            raise CaptureInvalidated(exc.result, exc.call, self._explain(window)) from exc
+        finally:
+            if window is not None and window.guard is not None:
+                window.guard.release()
+
+    def _explain(self, window: _Window) -> str:
+        seconds = time.monotonic() - window.started
+        text = (
+            f"capture on stream {window.stream.value} ({window.stream.kind}), "
+            f"mode {window.mode}, open {seconds * 1e3:.3f} ms"
+        )
+        if self.gate is None:
+            seen = self.activity.snapshot() - window.activity
+            calls = ", ".join(
+                f"{call} x{n} on {thread!r}" for (thread, call), n in seen.most_common(8)
+            )
+            return (
+                f"{text}; the gate is off; capture-breaking calls made through the ungated "
+                f"facade during the window: {calls or 'none seen'}"
+            )
+        own = self.gate.bypassed_calls() - window.bypassed
+        calls = ", ".join(f"{call} x{n}" for call, n in own.most_common(8))
+        return (
+            f"{text}; the gate was held ({self.policy} policy), so no gated call ran on "
+            f"another thread; calls the capturing thread made itself: {calls or 'none'}; "
+            "calls through driver.raw() or other libraries are not observed"
+        )
+
+
+Backend.register(GatedDriver)  # methods are bound per instance; see GatedDriver.__init__
+
+
 def _reset_after_fork() -> None:
     # The child starts with no driver: a CUDA context does not survive fork.
-    global _lock, _driver
+    global _lock, _driver, _facades
     _lock = threading.Lock()
     _driver = None
+    _facades = {}
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)

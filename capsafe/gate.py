@@ -1,0 +1,678 @@
+"""The process-wide capture gate: a reader/writer gate between captures and what breaks them.
+
+A capture holds the *exclusive* side for its whole begin..end window; every
+driver call that can break a capture holds the *shared* side while it runs. So
+no such call can run on another thread while a capture is open, and a capture
+waits for the ones already running to finish.
+
+Load-bearing details (each has a test in cases/test_gate*.py):
+
+- the thread that owns the exclusive side bypasses the shared side: a capture
+  may allocate inside its own window (RELAXED mode, VMM);
+- a capture that is waiting blocks *new* shared sections (writer preference),
+  so busy allocator threads cannot starve it;
+- shared sections are re-entrant per thread without waiting, so a nested call
+  never deadlocks on a capture that waits for its outer section;
+- a thread waiting for (or holding) the exclusive side has its own shared
+  sections set aside, so two threads that each hold one and both begin a
+  capture do not wait on each other forever;
+- the `CaptureGuard` returned by `begin_capture` may be released from another
+  thread;
+- after `os.fork` every gate in the child is fresh and unlocked.
+
+The uncontended shared section costs one thread-local lookup and a few
+attribute stores, no lock: each thread publishes its depth in its own record
+and reads one `closed` flag; a capture sets `closed` and then scans the
+records (under the GIL the store-then-load order makes this a Dekker handshake;
+the lock is only taken when the flag is set). Call sites are not recorded on the
+fast path: the timeout error reads the holders' live stacks instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+import weakref
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from capsafe.errors import CapsafeError, UsageError
+
+log = logging.getLogger("capsafe")
+
+DEFAULT_CAPTURE_TIMEOUT_S = 60.0
+#: A shared section that waited this long enters at the next capture end, ahead of
+#: the next capture (and a waiting section re-checks the gate this often).
+DEFAULT_FAIRNESS_S = 0.001
+_Deferred = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_STDLIB_DIR = os.path.dirname(os.path.abspath(threading.__file__)) + os.sep
+_ALL_CALLS: frozenset[str] | None = None  # "every gated call is harmful": the conservative set
+
+
+class GateTimeout(CapsafeError, TimeoutError):
+    """A capture could not take the gate in time; the message names who holds it and where."""
+
+
+@dataclass(frozen=True)
+class Holder:
+    """One thread that holds (or waits for) the gate, as seen at one instant."""
+
+    thread_name: str
+    thread_id: int
+    role: str  # "shared", "capture" or "waiting capture"
+    depth: int  # nested shared sections (0 for a capture with none)
+    site: str  # the outermost call site outside capsafe, or "?"
+    now_at: str  # where the thread is executing right now
+
+    def describe(self) -> str:
+        text = f"thread {self.thread_name!r} ({self.role}"
+        if self.depth:
+            text += f", {self.depth} section{'s' if self.depth > 1 else ''}"
+        return text + f", entered at {self.site}, now at {self.now_at})"
+
+
+@dataclass(frozen=True)
+class GateStats:
+    """Counters since the gate was created (or since fork)."""
+
+    shared_entered: int  # outermost shared sections entered (nested re-entries not counted)
+    contended_waits: int  # shared sections that had to wait for a capture
+    capture_waits: int  # captures that had to wait for shared holders or another capture
+    max_wait_s: float  # the longest single wait, shared or capture
+    bypassed: int  # shared sections the capturing thread entered inside its own window
+    admitted_measured: int  # sections the measured policy let run beside an open capture
+    captures: int  # exclusive windows taken
+    deferred: int  # callables deferred to the end of a capture (teardown during capture)
+    open_captures: int
+    holders: tuple[Holder, ...]
+
+
+class _Record:
+    """One thread's view of the gate. Only its own thread writes `depth` and `entered`.
+
+    depth > 0: nested shared sections; depth < 0: sections the measured policy
+    admitted beside an open capture (see `CaptureGate.enter`); 0: none.
+    `aside` (written under the gate lock) marks a thread waiting for or holding
+    the exclusive side: its shared sections do not block other captures.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "aside",
+        "depth",
+        "entered",
+        "lax_window",
+        "thread",
+        "thread_id",
+        "waiting_since",
+    )
+
+    def __init__(self) -> None:
+        current = threading.current_thread()
+        self.depth = 0
+        self.entered = 0
+        self.aside = False
+        self.lax_window = 0
+        self.waiting_since = 0.0
+        self.thread = weakref.ref(current)
+        self.thread_id = threading.get_ident()
+
+    @property
+    def thread_name(self) -> str:
+        thread = self.thread()
+        return thread.name if thread is not None else f"<exited {self.thread_id}>"
+
+    def dead(self) -> bool:
+        thread = self.thread()
+        return thread is None or not thread.is_alive()
+
+
+class CaptureGuard:
+    """The exclusive side held for one capture window; `release()` may run on any thread."""
+
+    __slots__ = (
+        "_gate",
+        "_generation",
+        "_released",
+        "_site",
+        "harmful",
+        "label",
+        "record",
+        "started",
+    )
+
+    def __init__(
+        self,
+        gate: CaptureGate,
+        record: _Record,
+        harmful: frozenset[str] | None,
+        label: str,
+        site: _Site,
+    ) -> None:
+        self._gate = gate
+        self._generation = gate._generation
+        self._released = False
+        self.record = record
+        self.harmful = harmful
+        self.label = label
+        self._site = site
+        self.started = time.monotonic()
+
+    @property
+    def site(self) -> str:
+        """Where the capture began (the first caller outside capsafe)."""
+        return _format_site(self._site)
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    @property
+    def thread_name(self) -> str:
+        return self.record.thread_name
+
+    def release(self) -> bool:
+        """Give the exclusive side back and run deferred teardown; False if already released."""
+        return self._gate._release(self)
+
+    def __enter__(self) -> CaptureGuard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class CaptureGate:
+    """One reader/writer gate; use `gate()` for the process-wide instance.
+
+    `enter()`/`exit()` (or `with gate:` / `with gate.shared(call):`) bracket a
+    call that can break a capture; `begin_capture()` returns the guard for a
+    capture window. The gate holds no policy: a section that names its call may
+    run beside an open capture whose `harmful` set (the calls that can break it,
+    from the hazard table) does not contain that call — the measured policy. A
+    section without a name, or a capture with `harmful=None`, never allows this
+    — the conservative policy.
+    """
+
+    def __init__(self, *, fairness_s: float = DEFAULT_FAIRNESS_S) -> None:
+        self.fairness_s = fairness_s
+        self._init_state()
+        _live_gates.add(self)
+
+    def _init_state(self, keep: _Record | None = None) -> None:
+        # Re-entrant: a finalizer the GC runs while this thread is inside the
+        # gate's own code may call back into the gate.
+        self._lock = threading.RLock()
+        self._may_enter = threading.Condition(self._lock)  # shared sections wait here
+        self._may_capture = threading.Condition(self._lock)  # captures wait here
+        self._tls = threading.local()
+        self._records: list[_Record] = []
+        if keep is not None:  # the thread that forked keeps its own open sections
+            keep.aside = False
+            keep.thread = weakref.ref(threading.current_thread())
+            keep.thread_id = threading.get_ident()
+            self._tls.rec = keep
+            self._records.append(keep)
+        self._owner: _Record | None = None
+        self._guards: list[CaptureGuard] = []
+        self._harmful: frozenset[str] | None = frozenset()
+        self._window = 0  # bumped at every exclusive acquisition
+        self._writers_waiting = 0
+        self._readers_waiting = 0
+        self._epoch = 0  # bumped at every capture end
+        self._granted = 0  # waiting sections let in ahead of the next capture
+        self._closed = False  # a capture holds or waits for the exclusive side
+        self._deferred: list[_Deferred] = []
+        self._generation = getattr(self, "_generation", 0) + 1
+        self._retired_entered = 0
+        self._contended = self._capture_waits = self._bypassed = self._admitted = 0
+        self._captures = self._deferred_total = 0
+        self._max_wait = 0.0
+        self._bypassed_calls: Counter[str] = Counter()
+
+    # -- shared side ----------------------------------------------------------
+    def _record(self) -> _Record:
+        try:
+            return self._tls.rec
+        except AttributeError:
+            rec = self._tls.rec = _Record()
+            with self._lock:
+                self._prune()
+                self._records.append(rec)
+            return rec
+
+    def enter(self, call: str | None = None) -> None:
+        """Open a shared section around one call (named by its hazard-table call, if known)."""
+        try:
+            rec = self._tls.rec
+        except AttributeError:
+            rec = self._record()
+        depth = rec.depth
+        if depth > 0:
+            rec.depth = depth + 1
+            return
+        if depth < 0:
+            self._enter_nested_admitted(rec, call)
+            return
+        rec.depth = 1  # publish first, then look: the capture sets `closed`, then scans
+        rec.entered += 1
+        if self._closed:
+            self._enter_slow(rec, call)
+
+    def exit(self) -> None:
+        """Close the innermost shared section of this thread."""
+        rec = self._tls.rec
+        depth = rec.depth
+        if depth > 1:
+            rec.depth = depth - 1
+        elif depth == 1:
+            rec.depth = 0
+            if self._closed:
+                self._wake()
+        elif depth < 0:
+            rec.depth = depth + 1
+            if depth == -1:
+                self._wake()
+        else:
+            raise UsageError("capture gate: exit() without a matching enter() on this thread")
+
+    def __enter__(self) -> CaptureGate:
+        self.enter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.exit()
+
+    @contextmanager
+    def shared(self, call: str | None = None) -> Iterator[None]:
+        """`with gate.shared("mem_alloc"):` — a shared section naming its call."""
+        self.enter(call)
+        try:
+            yield
+        finally:
+            self.exit()
+
+    def _admissible(self, call: str | None) -> bool:
+        # Measured policy: a named call the open captures cannot be broken by may run now.
+        harmful = self._harmful
+        return (
+            call is not None
+            and self._owner is not None
+            and harmful is not None
+            and call not in harmful
+        )
+
+    def _enter_slow(self, rec: _Record, call: str | None) -> None:
+        with self._lock:
+            if not self._closed:
+                return  # the capture ended between our store and our look
+            if rec is self._owner:
+                self._bypassed += 1
+                self._bypassed_calls[call or "(unnamed)"] += 1
+                return
+            if rec.aside:  # a finalizer run while this thread waits in begin_capture
+                self._contended += 1
+                while self._owner is not None:
+                    self._may_enter.wait()
+                return
+            if self._admissible(call):
+                rec.depth = -1
+                rec.lax_window = self._window
+                self._admitted += 1
+                return
+            rec.depth = 0  # step back out: a draining capture may have counted us
+            self._may_capture.notify_all()
+            self._contended += 1
+            start = time.monotonic()
+            epoch = self._epoch
+            self._readers_waiting += 1
+            rec.waiting_since = start
+            try:
+                while self._closed and not self._admissible(call) and self._epoch == epoch:
+                    self._may_enter.wait(self.fairness_s)
+            finally:
+                self._readers_waiting -= 1
+                rec.waiting_since = 0.0
+            if self._epoch != epoch:  # a capture ended while we waited: our turn
+                self._granted -= 1
+                rec.depth = 1
+            elif self._closed:
+                rec.depth = -1
+                rec.lax_window = self._window
+                self._admitted += 1
+            else:
+                rec.depth = 1
+            self._note_wait(time.monotonic() - start)
+
+    def _enter_nested_admitted(self, rec: _Record, call: str | None) -> None:
+        # Nested inside a section admitted beside an open capture: a call that
+        # could break that capture waits for its window to end (the capture never
+        # waits for us, so this cannot deadlock), then the section is a full one.
+        with self._lock:
+            if rec.lax_window == self._window and self._owner is not None:
+                if self._admissible(call):
+                    rec.depth -= 1
+                    return
+                start = time.monotonic()
+                self._contended += 1
+                while rec.lax_window == self._window and self._owner is not None:
+                    self._may_enter.wait()
+                self._note_wait(time.monotonic() - start)
+            rec.depth = -rec.depth + 1
+
+    def _oldest_wait(self) -> float:
+        return min((r.waiting_since for r in self._records if r.waiting_since), default=0.0)
+
+    def _wake(self) -> None:
+        with self._lock:
+            self._may_capture.notify_all()
+
+    def _note_wait(self, seconds: float) -> None:
+        if seconds > self._max_wait:
+            self._max_wait = seconds
+
+    # -- exclusive side -----------------------------------------------------------
+    def begin_capture(
+        self,
+        *,
+        harmful: frozenset[str] | None = _ALL_CALLS,
+        label: str = "",
+        timeout: float | None = DEFAULT_CAPTURE_TIMEOUT_S,
+    ) -> CaptureGuard:
+        """Take the exclusive side for one capture window.
+
+        `harmful`: the hazard-table calls that break this capture from another
+        thread (None: every gated call; only the measured policy looks at it).
+        `timeout`: seconds to wait before raising `GateTimeout` naming the holders
+        (None waits forever). The calling thread may already be inside shared
+        sections (they are set aside) or own the gate (captures nest).
+        """
+        rec = self._record()
+        site = _outer_site(sys._getframe(1))
+        with self._lock:
+            if rec is self._owner:
+                guard = CaptureGuard(self, rec, harmful, label, site)
+                self._guards.append(guard)
+                self._harmful = _union(self._harmful, harmful)
+                self._captures += 1
+                if self._admitted:  # sections admitted under the narrower set must drain
+                    self._wait_until(
+                        lambda: not self._blocking_records(rec, admitted_only=True), timeout, label
+                    )
+                return guard
+            rec.aside = True  # our own sections no longer block anyone's capture
+            self._writers_waiting += 1
+            self._closed = True
+            self._may_capture.notify_all()
+            try:
+                self._wait_until(
+                    lambda: (
+                        self._owner is None
+                        and not self._granted
+                        and not self._blocking_records(rec)
+                    ),
+                    timeout,
+                    label,
+                )
+            except BaseException:
+                rec.aside = False
+                self._may_enter.notify_all()
+                self._may_capture.notify_all()
+                raise
+            finally:
+                self._writers_waiting -= 1
+                self._closed = self._owner is not None or self._writers_waiting > 0
+            self._owner = rec
+            self._closed = True
+            self._window += 1
+            self._harmful = harmful
+            if harmful is not None:  # the measured policy may let waiting sections in
+                self._may_enter.notify_all()
+            guard = CaptureGuard(self, rec, harmful, label, site)
+            self._guards.append(guard)
+            self._captures += 1
+            return guard
+
+    def _wait_until(self, ready: Callable[[], bool], timeout: float | None, label: str) -> None:
+        if ready():
+            return
+        self._capture_waits += 1
+        start = time.monotonic()
+        deadline = None if timeout is None else start + timeout
+        while not ready():
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                self._note_wait(time.monotonic() - start)
+                raise GateTimeout(self._timeout_message(label, timeout))
+            self._may_capture.wait(remaining)
+        self._note_wait(time.monotonic() - start)
+
+    def _blocking_records(self, me: _Record, admitted_only: bool = False) -> list[_Record]:
+        if admitted_only:
+            return [r for r in self._records if r.depth < 0 and r is not me]
+        return [r for r in self._records if r.depth and not r.aside and r is not me]
+
+    def _release(self, guard: CaptureGuard) -> bool:
+        with self._lock:
+            if guard._released:
+                return False
+            guard._released = True
+            if guard._generation != self._generation:
+                return True  # taken before fork: the child's gate never held it
+            self._guards.remove(guard)
+            if self._guards:
+                self._harmful = _union_all(g.harmful for g in self._guards)
+                return True
+            self._owner = None
+            self._harmful = frozenset()
+            guard.record.aside = False
+            self._closed = self._writers_waiting > 0
+            if self._readers_waiting and self._oldest_wait() <= time.monotonic() - self.fairness_s:
+                # Sections that waited fairness_s or longer enter before the next
+                # capture, so a tight capture loop cannot starve allocator threads.
+                # Younger waiters are not woken: they re-check every fairness_s, and
+                # waking them at every capture end would cost more than the capture.
+                self._epoch += 1
+                self._granted = self._readers_waiting
+                self._may_enter.notify_all()
+            deferred, self._deferred = self._deferred, []
+            self._may_capture.notify_all()
+        _run_deferred(deferred)
+        return True
+
+    def owned_by_current_thread(self) -> bool:
+        """True while this thread holds the exclusive side (a capture of its own is open)."""
+        owner = self._owner
+        return owner is not None and getattr(self._tls, "rec", None) is owner
+
+    def bypassed_calls(self) -> Counter[str]:
+        """Calls capturing threads made inside their own windows, by name (a copy)."""
+        with self._lock:
+            return Counter(self._bypassed_calls)
+
+    def defer_if_capturing(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
+        """Queue `fn(*args, **kwargs)` until this thread's capture ends; False if none is open.
+
+        Teardown requested by the capturing thread itself (a finalizer the GC
+        runs mid-capture) would break the capture; deferring it only delays it.
+        """
+        if not self.owned_by_current_thread():
+            return False
+        # No lock: only the owning thread appends, and a finalizer may run while
+        # this thread is inside the gate's own code.
+        self._deferred.append((fn, args, kwargs))
+        self._deferred_total += 1
+        return True
+
+    # -- observability --------------------------------------------------------
+    def holders(self) -> tuple[Holder, ...]:
+        """Threads holding or waiting for the gate now, with call sites from their live stacks."""
+        with self._lock:
+            return self._holders_locked()
+
+    def _holders_locked(self) -> tuple[Holder, ...]:
+        frames = sys._current_frames()
+        owner_guard = self._guards[0] if self._guards else None
+        out = []
+        for rec in self._records:
+            if rec is self._owner:
+                role = "capture"
+            elif rec.aside:
+                role = "waiting capture"
+            elif rec.depth:
+                role = "shared"
+            else:
+                continue
+            frame = frames.get(rec.thread_id)
+            site = _holder_site(frame)
+            if role == "capture" and owner_guard is not None:
+                site = owner_guard._site
+            out.append(
+                Holder(
+                    rec.thread_name,
+                    rec.thread_id,
+                    role,
+                    abs(rec.depth),
+                    _format_site(site),
+                    _format_site(_site_of(frame)),
+                )
+            )
+        return tuple(out)
+
+    def _timeout_message(self, label: str, timeout: float | None) -> str:
+        holders = [
+            h
+            for h in self._holders_locked()
+            if h.thread_id != threading.get_ident() and h.role != "waiting capture"
+        ]
+        what = f"capture {label}" if label else "capture"
+        held = "; ".join(h.describe() for h in holders) or "no holder left (it just released)"
+        return f"capture gate: {what} could not begin within {timeout:g} s; held by {held}"
+
+    def stats(self) -> GateStats:
+        with self._lock:
+            self._prune()
+            entered = self._retired_entered + sum(r.entered for r in self._records)
+            return GateStats(
+                shared_entered=entered,
+                contended_waits=self._contended,
+                capture_waits=self._capture_waits,
+                max_wait_s=self._max_wait,
+                bypassed=self._bypassed,
+                admitted_measured=self._admitted,
+                captures=self._captures,
+                deferred=self._deferred_total,
+                open_captures=len(self._guards),
+                holders=self._holders_locked(),
+            )
+
+    def _prune(self) -> None:
+        # Forget threads that ended outside any section (called under the lock).
+        if len(self._records) < 8:
+            return
+        keep = []
+        for rec in self._records:
+            if rec.dead() and not rec.depth and rec is not self._owner:
+                self._retired_entered += rec.entered
+            else:
+                keep.append(rec)
+        self._records = keep
+
+    def _after_fork_in_child(self) -> None:
+        keep = getattr(self._tls, "rec", None)
+        self._init_state(keep)
+
+
+def _union(a: frozenset[str] | None, b: frozenset[str] | None) -> frozenset[str] | None:
+    return None if a is None or b is None else a | b
+
+
+def _union_all(sets: Iterator[frozenset[str] | None]) -> frozenset[str] | None:
+    out: frozenset[str] | None = frozenset()
+    for s in sets:
+        out = _union(out, s)
+    return out
+
+
+def _run_deferred(deferred: list[_Deferred]) -> None:
+    for fn, args, kwargs in deferred:
+        try:
+            fn(*args, **kwargs)
+        except Exception:  # one failed release must not leak the others
+            log.exception("capsafe: deferred teardown %s failed", getattr(fn, "__name__", fn))
+
+
+_Site = tuple[Any, int] | None  # (code object, line): formatted only when someone reads it
+
+
+def _site_of(frame: Any) -> _Site:
+    return None if frame is None else (frame.f_code, frame.f_lineno)
+
+
+def _outer_site(frame: Any) -> _Site:
+    """The innermost frame outside the capsafe package: the caller's own line."""
+    first = frame
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+    return _site_of(frame if frame is not None else first)
+
+
+def _holder_site(frame: Any) -> _Site:
+    """Where a thread entered the gate, from its live stack: the caller of its outermost
+    capsafe frame, else (a bare `with gate:`) its innermost frame outside the stdlib."""
+    outermost = None
+    f = frame
+    while f is not None:
+        if f.f_code.co_filename.startswith(_PACKAGE_DIR):
+            outermost = f
+        f = f.f_back
+    if outermost is not None:
+        return _site_of(outermost.f_back or outermost)
+    f = frame
+    while f is not None and f.f_code.co_filename.startswith(_STDLIB_DIR):
+        f = f.f_back
+    return _site_of(f if f is not None else frame)
+
+
+def _format_site(site: _Site) -> str:
+    if site is None:
+        return "?"
+    code, line = site
+    return f"{_short(code.co_filename)}:{line} in {code.co_name}"
+
+
+def _short(path: str) -> str:
+    cwd = os.getcwd()
+    return os.path.relpath(path, cwd) if path.startswith(cwd) else path
+
+
+_live_gates: weakref.WeakSet[CaptureGate] = weakref.WeakSet()
+_process_gate: CaptureGate | None = None
+_process_gate_lock = threading.Lock()
+
+
+def gate() -> CaptureGate:
+    """The process-wide gate that the driver facade and `capsafe.capture` share."""
+    global _process_gate
+    if _process_gate is None:
+        with _process_gate_lock:
+            if _process_gate is None:
+                _process_gate = CaptureGate()
+    return _process_gate
+
+
+def _reset_after_fork() -> None:
+    global _process_gate_lock
+    _process_gate_lock = threading.Lock()
+    for live in list(_live_gates):
+        live._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)

@@ -1,0 +1,158 @@
+"""Classification rules, folding phase rows into attempts, and the Wilson interval."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.classify import (
+    CLASSES,
+    attempts,
+    classify,
+    process_sequence,
+    run_sequence,
+    severity,
+    unfinished_rows,
+)
+from harness.stats import flake_rate, wilson_interval
+
+
+def row(
+    nodeid,
+    phase="call",
+    outcome="passed",
+    *,
+    run="run-1",
+    worker="gw0",
+    pid=10,
+    index=0,
+    signals=(),
+    message="",
+    time=0.0,
+    seed=7,
+):
+    return {"nodeid": nodeid, "phase": phase, "outcome": outcome, "duration": 0.01,
+            "run_id": run, "seed": seed, "worker": worker, "index": index, "pid": pid,
+            "signals": list(signals), "message": message, "time": time}  # fmt: skip
+
+
+def full(nodeid, outcome="passed", **kw):
+    """The three phase rows of one test."""
+    return [row(nodeid, p, outcome if p == "call" else "passed", **kw)
+            for p in ("setup", "call", "teardown")]  # fmt: skip
+
+
+# ---------------------------------------------------------------- rules
+
+
+@pytest.mark.parametrize(
+    ("evidence", "expected"),
+    [
+        (dict(failures=0, isolation_runs=0, isolation_failures=0), "pass"),
+        (dict(failures=3, isolation_runs=3, isolation_failures=3), "fail"),
+        (dict(failures=1, isolation_runs=3, isolation_failures=3, state_setters=["s"]), "brittle"),
+        (dict(failures=2, isolation_runs=3, isolation_failures=1), "flaky"),
+        (dict(failures=2, isolation_runs=3, isolation_failures=0, polluters=["p"]),
+         "order-dependent"),
+        (dict(failures=2, isolation_runs=3, isolation_failures=0), "flaky"),  # no cause found
+        (dict(failures=2, isolation_runs=0, isolation_failures=0), "flaky"),  # never rerun
+        (dict(failures=2, isolation_runs=3, isolation_failures=1, polluters=["p"]), "flaky"),
+    ],
+)  # fmt: skip
+def test_classification_rules(evidence, expected):
+    assert classify(**evidence) == expected
+
+
+def test_classes_are_worst_first():
+    assert CLASSES[0] == "fail" and CLASSES[-1] == "pass"
+    assert severity("fail") < severity("flaky") < severity("pass")
+
+
+# ---------------------------------------------------------------- attempts
+
+
+def test_any_failed_phase_fails_the_attempt():
+    rows = [row("a", "setup"), row("a", "call"), row("a", "teardown", "failed", message="boom")]
+    (attempt,) = attempts(rows).values()
+    assert attempt.failed and attempt.message == "boom"
+
+
+def test_signals_are_gathered_across_phases_and_timeout_or_crash_fail():
+    rows = [row("a", "setup"), row("a", "call", signals=["capture-invalidated"]),
+            row("a", "teardown", signals=["env-leak"])]  # fmt: skip
+    (attempt,) = attempts(rows).values()
+    assert attempt.signals == {"capture-invalidated", "env-leak"}
+    assert not attempt.failed
+    (crashed,) = attempts([row("b", "call", "passed", signals=["crash"])]).values()
+    assert crashed.failed
+
+
+def test_controller_crash_row_keeps_the_workers_position():
+    rows = [row("a", "setup", index=4, pid=11, time=1.0),
+            row("a", "call", "failed", index=4, pid=99, signals=["crash"], time=2.0)]  # fmt: skip
+    (attempt,) = attempts(rows).values()
+    assert (attempt.pid, attempt.index, attempt.failed) == (11, 4, True)
+    assert "crash" in attempt.signals
+
+
+def test_attempts_are_per_run():
+    found = attempts(full("a", run="run-1") + full("a", "failed", run="run-2"))
+    assert not found["run-1", "a"].failed and found["run-2", "a"].failed
+
+
+def test_unfinished_test_is_a_crash_or_a_stall_timeout():
+    rows = [*full("done"), row("dying", "setup", index=1, time=5.0)]
+    (added,) = unfinished_rows(rows)
+    assert added["nodeid"] == "dying" and added["outcome"] == "failed"
+    assert added["signals"] == ["crash"]
+    (stalled,) = unfinished_rows(rows, stalled_after=30)
+    assert stalled["signals"] == ["timeout"] and "30s" in stalled["message"]
+
+
+def test_crash_already_reported_by_the_controller_is_not_doubled():
+    rows = [row("a", "setup"), row("a", "call", "failed", signals=["crash"])]
+    assert unfinished_rows(rows) == []
+
+
+def test_process_sequence_is_the_same_process_before_the_victim():
+    rows = (
+        full("p1", index=0, time=1)
+        + full("other", worker="gw1", pid=20, index=0, time=1.5)
+        + full("p2", index=1, time=2)
+        + full("v", "failed", index=2, time=3)
+        + full("after", index=3, time=4)
+        + full("old", index=0, pid=9, time=0.5)
+    )  # an earlier, crashed worker process
+    every = attempts(rows)
+    victim = every["run-1", "v"]
+    assert process_sequence(every, victim) == ["p1", "p2"]
+    assert run_sequence(every, victim) == ["old", "p1", "other", "p2"]
+
+
+# ---------------------------------------------------------------- stats
+
+
+@pytest.mark.parametrize(
+    ("failures", "runs", "low", "high"),
+    [
+        # Published values (Newcombe 1998, Table I; and the 0/10, 5/10 textbook cases).
+        (81, 263, 0.2553, 0.3662),
+        (15, 148, 0.0624, 0.1605),
+        (0, 10, 0.0, 0.2775),
+        (5, 10, 0.2366, 0.7634),
+        (1, 10, 0.0179, 0.4042),
+        (10, 10, 0.7225, 1.0),
+    ],
+)
+def test_wilson_interval_matches_published_values(failures, runs, low, high):
+    lo, hi = wilson_interval(failures, runs)
+    assert lo == pytest.approx(low, abs=1e-4)
+    assert hi == pytest.approx(high, abs=1e-4)
+
+
+def test_wilson_interval_edges():
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    lo, hi = wilson_interval(3, 5)
+    assert lo < flake_rate(3, 5) < hi
+    with pytest.raises(ValueError):
+        wilson_interval(4, 3)
+    assert flake_rate(0, 0) == 0.0

@@ -1,0 +1,195 @@
+"""Model-based test: random interleavings of sections and captures on three real threads.
+
+Each actor thread runs the commands it is sent. After every command the
+machine waits for the threads to settle and checks the gate against a small
+reference model: who may hold what at the same time (safety), that every
+blocked thread has a reason to be blocked (no lost wake-up, no deadlock), and,
+from a state where nobody waits, whether the command itself must block.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from capsafe.gate import CaptureGate, CaptureGuard
+
+pytestmark = pytest.mark.timeout(120)
+ACTORS = 3
+SETTLE_S = 0.03
+
+
+class Actor:
+    """One thread that performs gate operations sent to it, one at a time."""
+
+    def __init__(self, gate: CaptureGate, index: int) -> None:
+        self.gate = gate
+        self.index = index
+        self.depth = 0
+        self.guard: CaptureGuard | None = None
+        self.pending: str | None = None  # the command it is executing (possibly blocked in)
+        self.error: BaseException | None = None
+        self.inbox: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._run, name=f"actor-{index}", daemon=True)
+        self.thread.start()
+
+    def send(self, command: str, arg: object = None) -> None:
+        self.pending = command
+        self.inbox.put((command, arg))
+
+    def _run(self) -> None:
+        while True:
+            command, arg = self.inbox.get()
+            if command == "stop":
+                return
+            try:
+                if command == "enter":
+                    self.gate.enter()
+                    self.depth += 1
+                elif command == "exit":
+                    self.gate.exit()
+                    self.depth -= 1
+                elif command == "begin":
+                    self.guard = self.gate.begin_capture(timeout=30)
+                elif command == "release":
+                    owner: Actor = arg  # type: ignore[assignment]
+                    assert owner.guard is not None
+                    guard, owner.guard = owner.guard, None
+                    guard.release()
+            except BaseException as exc:
+                self.error = exc
+            self.pending = None
+
+
+class GateModel(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = CaptureGate()
+        self.actors = [Actor(self.gate, i) for i in range(ACTORS)]
+
+    # -- the reference model ------------------------------------------------
+    def owner(self) -> Actor | None:
+        return next((a for a in self.actors if a.guard is not None), None)
+
+    def must_block(self, actor: Actor, command: str) -> bool:
+        """From a state where nobody waits: does `command` have to wait?"""
+        owner = self.owner()
+        if command == "enter":
+            return actor.depth == 0 and owner is not None and owner is not actor
+        if command == "begin":
+            return owner is not None or any(a.depth for a in self.actors if a is not actor)
+        return False
+
+    def settle(self) -> None:
+        last, stable_since = None, time.monotonic()
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            now = [a.pending for a in self.actors]
+            if now != last:
+                last, stable_since = now, time.monotonic()
+            elif time.monotonic() - stable_since >= SETTLE_S:
+                return
+            time.sleep(0.002)
+
+    def idle(self) -> list[Actor]:
+        return [a for a in self.actors if a.pending is None]
+
+    def issue(self, actor: Actor, command: str, arg: object = None) -> None:
+        quiet = all(a.pending is None for a in self.actors)
+        expect_block = self.must_block(actor, command) if quiet else None
+        actor.send(command, arg)
+        self.settle()
+        if expect_block is not None:
+            assert (actor.pending is not None) == expect_block, (
+                f"{command} on actor {actor.index}: expected "
+                f"{'to block' if expect_block else 'to complete'}"
+            )
+
+    # -- rules ----------------------------------------------------------------
+    @precondition(lambda self: any(a.depth < 2 for a in self.idle()))
+    @rule(data=st.data())
+    def enter(self, data: st.DataObject) -> None:
+        actor = data.draw(st.sampled_from([a for a in self.idle() if a.depth < 2]))
+        self.issue(actor, "enter")
+
+    @precondition(lambda self: any(a.depth for a in self.idle()))
+    @rule(data=st.data())
+    def exit(self, data: st.DataObject) -> None:
+        actor = data.draw(st.sampled_from([a for a in self.idle() if a.depth]))
+        self.issue(actor, "exit")
+
+    @precondition(lambda self: any(a.guard is None for a in self.idle()))
+    @rule(data=st.data())
+    def begin(self, data: st.DataObject) -> None:
+        actor = data.draw(st.sampled_from([a for a in self.idle() if a.guard is None]))
+        self.issue(actor, "begin")
+
+    @precondition(lambda self: self.owner() is not None and self.owner().pending is None)
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        owner = self.owner()
+        releaser = data.draw(st.sampled_from(self.idle()))  # maybe another thread
+        self.issue(releaser, "release", owner)
+
+    # -- invariants ----------------------------------------------------------------
+    @invariant()
+    def no_errors(self) -> None:
+        for actor in self.actors:
+            assert actor.error is None, repr(actor.error)
+
+    @invariant()
+    def capture_excludes_running_sections(self) -> None:
+        owner = self.owner()
+        if owner is None:
+            return
+        for actor in self.actors:
+            if actor is not owner and actor.depth:
+                # only a thread blocked in begin (its sections set aside) may hold one
+                assert actor.pending == "begin", f"actor {actor.index} in a section during capture"
+
+    @invariant()
+    def every_blocked_thread_has_a_reason(self) -> None:
+        owner = self.owner()
+        beginning = [a for a in self.actors if a.pending == "begin"]
+        for actor in self.actors:
+            if actor.pending == "enter":
+                assert owner is not None or beginning, f"actor {actor.index} enter stuck"
+            elif actor.pending == "begin":
+                others_in = [
+                    a for a in self.actors if a is not actor and a.depth and a.pending != "begin"
+                ]
+                assert owner is not None or others_in, f"actor {actor.index} begin stuck"
+            elif actor.pending is not None:
+                raise AssertionError(f"actor {actor.index} stuck in {actor.pending}")
+        assert self.idle(), "every actor is blocked: deadlock"
+
+    def teardown(self) -> None:
+        for _ in range(20):  # unwind: release captures, leave sections
+            owner = self.owner()
+            if owner is not None and owner.pending is None:
+                owner.send("release", owner)
+            for actor in self.idle():
+                if actor.depth:
+                    actor.send("exit")
+            self.settle()
+            if not any(a.depth or a.guard or a.pending for a in self.actors):
+                break
+        for actor in self.actors:
+            actor.inbox.put(("stop", None))
+            actor.thread.join(5)
+            assert not actor.thread.is_alive(), f"actor {actor.index} did not stop"
+
+
+TestGateModel = GateModel.TestCase
+TestGateModel.settings = settings(
+    max_examples=12,
+    stateful_step_count=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)

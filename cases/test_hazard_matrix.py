@@ -1,0 +1,132 @@
+"""The hazard-matrix reproducer on the simulated device, and the table against measured rows."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from capsafe import hazards
+from repro import hazard_matrix
+
+DATA = Path(__file__).resolve().parent.parent / "docs" / "data"
+MEASURED = sorted(DATA.glob("*.jsonl"))
+
+
+def _measured_rows(path: Path) -> list[dict[str, str]]:
+    """Rows of a measured file in the reproducer's schema (older files say op/where/op_result)."""
+    rows = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        raw = json.loads(line)
+        rows.append(
+            {
+                "call": raw.get("call", raw.get("op")),
+                "mode": raw["mode"].lower(),
+                "stream": raw["stream"],
+                "caller": raw.get("caller", raw.get("where")),
+                "call_result": raw.get("call_result", raw.get("op_result")),
+                "end_capture": raw["end_capture"],
+            }
+        )
+    return rows
+
+
+def test_sim_matrix_agrees_with_the_table(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "sim.jsonl"
+    assert hazard_matrix.main(["--backend", "sim", "--compare", "--json", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == len(list(hazards.cells())) == 312
+    assert all(set(hazard_matrix.KEYS) <= row.keys() for row in rows)
+    cells = {(r["call"], r["mode"], r["stream"], r["caller"]) for r in rows}
+    assert cells == {(c, m.value, s.value, w) for c, m, s, w in hazards.cells()}
+    printed = capsys.readouterr().out
+    assert "0 disagreement(s)" in printed.splitlines()[-1]
+    for call in hazards.CALLS:
+        assert any(line.startswith(call + " ") for line in printed.splitlines())
+
+
+@pytest.mark.parametrize("path", MEASURED, ids=[p.name for p in MEASURED])
+def test_table_reproduces_every_measured_row(path: Path) -> None:
+    rows = _measured_rows(path)
+    assert rows, f"{path.name} is empty"
+    found = hazard_matrix.disagreements(rows)
+    assert not found, "\n".join(d.describe() for d in found)
+
+
+def test_compare_exits_1_and_lists_each_disagreement(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    def measured(cells, backend_name, *, jobs, in_process):
+        rows = [hazard_matrix._row(cell, hazards.SUCCESS, hazards.SUCCESS) for cell in cells]
+        rows[0]["end_capture"] = hazards.INVALIDATED  # noop, yet the capture broke
+        return rows
+
+    monkeypatch.setattr(hazard_matrix, "run_matrix", measured)
+    assert hazard_matrix.main(["--compare", "--calls", "noop,ctx_sync"]) == 1
+    out, err = capsys.readouterr()
+    listed = [line for line in err.splitlines() if line.startswith("  ")]
+    assert len(listed) == 1 + 12  # the broken noop cell and every ctx_sync cell
+    assert "noop global nonblocking same_thread: measured ok/INV" in listed[0]
+    assert "ok/INV*" in out and "ok*" in out
+
+
+def test_without_compare_a_disagreement_still_exits_0(monkeypatch: pytest.MonkeyPatch) -> None:
+    def failing(cells, *args, **kwargs):
+        return [hazard_matrix._row(c, "CUDA_ERROR_UNKNOWN", "ERROR") for c in cells]
+
+    monkeypatch.setattr(hazard_matrix, "run_matrix", failing)
+    assert hazard_matrix.main(["--calls", "noop"]) == 0
+
+
+def test_codes_are_compact() -> None:
+    assert hazard_matrix._code(hazards.SUCCESS, hazards.SUCCESS) == "ok"
+    assert hazard_matrix._code(hazards.UNSUPPORTED, hazards.INVALIDATED) == "UNSUP"
+    assert hazard_matrix._code(hazards.IMPLICIT, hazards.INVALIDATED) == "IMPL"
+    assert hazard_matrix._code(hazards.SUCCESS, hazards.INVALIDATED) == "ok/INV"
+    assert hazard_matrix._code("CUDA_ERROR_NOT_READY", hazards.SUCCESS) == "NOT_READY/ok"
+
+
+def test_one_trial_in_its_own_process() -> None:
+    command = [sys.executable, "-m", "repro.hazard_matrix", "--backend", "sim"]
+    command += ["--trial", "ctx_sync", "relaxed", "blocking", "other_thread"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    row = json.loads(done.stdout.strip().splitlines()[-1])
+    assert row["call_result"] == hazards.UNSUPPORTED
+    assert row["end_capture"] == hazards.INVALIDATED
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--calls", "noop,bogus"], ["--jobs", "0"], ["--trial", "noop", "eager", "blocking", "x"]],
+)
+def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exited:
+        hazard_matrix.main(argv)
+    assert exited.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_cuda_backend_without_a_gpu_is_one_line_exit_2() -> None:
+    from capsafe.backend_cuda import unavailable_reason
+
+    if unavailable_reason() is None:
+        pytest.skip("this machine has a GPU")
+    command = [sys.executable, "-m", "repro.hazard_matrix", "--backend", "cuda"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=dict(os.environ))
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: --backend cuda needs a GPU")
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_docs_carry_the_current_rule_table() -> None:
+    docs = (DATA.parent / "hazards.md").read_text()
+    assert hazard_matrix.rules_markdown() in docs, (
+        "docs/hazards.md is stale: paste `python -m repro.hazard_matrix --rules` into it"
+    )

@@ -1,0 +1,171 @@
+"""Report files, the HTML page, history.csv and the `latest` pointer, from synthetic summaries."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+
+import pytest
+
+from harness import history
+from harness.report import pairs, render_html, render_markdown, search_bound, write_reports
+
+
+def entry(nodeid, classification="pass", runs=4, failures=0, **kw):
+    base = {"nodeid": nodeid, "classification": classification, "runs": runs,
+            "failures": failures, "flake_rate": failures / runs,
+            "flake_rate_ci": [0.0, 0.49], "isolation_runs": 0, "isolation_failures": 0,
+            "polluters": [], "state_setters": [], "signals": [], "replay": ""}  # fmt: skip
+    return {**base, **kw}
+
+
+def summary(tests, searches=(), notes=()):
+    counts = {}
+    for t in tests:
+        counts[t["classification"]] = counts.get(t["classification"], 0) + 1
+    return {"runs": 4, "workers": 2, "seeds": [1, 2, 3, 4], "backend": "sim",
+            "duration_s": 12.5, "tests": list(tests), "counts": counts,
+            "searches": list(searches), "notes": list(notes)}  # fmt: skip
+
+
+TESTS = [
+    entry("t.py::test_ok"),
+    entry("t.py::test_victim", "order-dependent", failures=2, isolation_runs=3,
+          polluters=["t.py::test_polluter"], replay="cd /x && python -m pytest ..."),
+    entry("t.py::test_polluter"),
+    entry("t.py::test_needs_setup", "brittle", failures=3, isolation_runs=3,
+          isolation_failures=3, state_setters=["t.py::test_setup"], replay="r"),
+    entry("t.py::test_boom[<b>]", "fail", failures=4, isolation_runs=3, isolation_failures=3,
+          signals=["crash"], replay="r"),
+    entry("t.py::test_coin", "flaky", failures=1, isolation_runs=3, isolation_failures=1,
+          replay="r"),
+]  # fmt: skip
+GRID = {
+    "t.py::test_ok": ["pass"] * 4,
+    "t.py::test_victim": ["pass", "fail", "fail", "pass"],
+    "t.py::test_polluter": ["pass"] * 4,
+    "t.py::test_needs_setup": ["fail", "fail", "pass", "fail"],
+    "t.py::test_boom[<b>]": ["crash", "crash", "crash", "crash"],
+    "t.py::test_coin": ["pass", "timeout", "pass", "none"],
+}
+RUNS = ["run-1", "run-2", "run-3", "run-4"]
+
+
+def test_write_reports_writes_every_file(tmp_path):
+    rows = [{"nodeid": "t.py::test_ok", "phase": "call", "outcome": "passed", "duration": 0.0,
+             "run_id": "run-1", "seed": 1, "worker": "gw0", "index": 0, "pid": 1,
+             "signals": [], "message": "", "time": 0.0}]  # fmt: skip
+    write_reports(tmp_path, summary(TESTS), rows, GRID, RUNS, [])
+    for name in ("records.jsonl", "tests.csv", "summary.json", "report.md", "report.html"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert json.loads((tmp_path / "records.jsonl").read_text())["nodeid"] == "t.py::test_ok"
+    assert json.loads((tmp_path / "summary.json").read_text())["backend"] == "sim"
+    with open(tmp_path / "tests.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == len(TESTS)
+    victim = next(r for r in table if r["nodeid"] == "t.py::test_victim")
+    assert victim["polluters"] == "t.py::test_polluter"
+    assert {"ci_low", "ci_high", "isolation_failures", "replay"} <= set(victim)
+
+
+def test_html_is_self_contained_and_escaped():
+    page = render_html(summary(TESTS), GRID, RUNS, [])
+    assert "http://" not in page and "https://" not in page
+    assert "<script" not in page and "<link" not in page
+    assert "test_boom[&lt;b&gt;]" in page and "test_boom[<b>]" not in page
+    assert "<svg" in page  # flake-rate bars with their interval whiskers
+
+
+def test_html_sorts_worst_first_and_shows_causes_and_heat_map():
+    page = render_html(summary(TESTS), GRID, RUNS, [])
+    table = page[page.index("Tests, worst first") : page.index("passing tests</summary>")]
+    order = [table.index(n) for n in ("test_boom", "test_victim", "test_needs_setup", "test_coin")]
+    assert order == sorted(order)
+    assert "Failure heat map" in page and 'class="hc crash"' in page
+    assert 'class="hc timeout"' in page
+    assert "4 of 6 tests failed in at least one run" in page
+    assert "Polluter → victim" in page and "breaks" in page and "sets up" in page
+    assert "4 of 6 tests need attention" in page or "need attention" in page
+
+
+def test_all_passing_page_says_so():
+    tests = [entry("a.py::t"), entry("a.py::u")]
+    page = render_html(summary(tests), {"a.py::t": ["pass"] * 4}, RUNS, [])
+    assert "All 2 tests pass." in page
+    assert "Polluter" not in page
+
+
+def test_notes_and_searches_are_shown():
+    s = summary(TESTS, searches=[{"victim": "t.py::test_victim", "candidates": 16,
+                                  "replays": 7}], notes=["budget of 5s spent"])  # fmt: skip
+    page = render_html(s, GRID, RUNS, [])
+    assert "budget of 5s spent" in page and "within" in page
+    md = render_markdown(s)
+    assert "| `t.py::test_victim` | 16 | 7 | 7 |" in md
+    assert "> **Note:** budget of 5s spent" in md
+    assert "order-dependent" in md and "after t.py::test_polluter" in md
+
+
+def test_trend_sparklines_come_from_history(tmp_path):
+    path = tmp_path / "history.csv"
+    for i, rate in enumerate([0.0, 0.25, 0.5]):
+        history.append_history(path, f"s{i}", f"2026-01-0{i + 1}", [
+            history.Verdict("t.py::test_victim", "order-dependent" if rate else "pass", 4,
+                            int(rate * 4), rate)])  # fmt: skip
+    page = render_html(summary(TESTS), GRID, RUNS, history.read_history(path))
+    assert "<polyline" in page and "not passing, last 3 sweeps" in page
+
+
+def test_pairs_and_search_bound():
+    found = pairs(TESTS)
+    assert ("polluter", ["t.py::test_polluter"], "t.py::test_victim") in found
+    assert ("state-setter", ["t.py::test_setup"], "t.py::test_needs_setup") in found
+    assert search_bound(1) == 3 and search_bound(16) == 7 and search_bound(17) == 8
+
+
+# ---------------------------------------------------------------- history
+
+
+def test_history_appends_and_tracks_first_and_last_seen(tmp_path):
+    path = tmp_path / "history.csv"
+    v = history.Verdict
+    history.append_history(path, "a", "T1", [v("x", "pass", 5, 0, 0.0), v("y", "flaky", 5, 1, 0.2)])
+    history.append_history(path, "b", "T2", [v("x", "flaky", 5, 2, 0.4), v("y", "pass", 5, 0, 0)])
+    rows = history.append_history(path, "c", "T3", [v("x", "pass", 5, 0, 0.0)])
+    assert len(rows) == 5 and len(history.read_history(path)) == 5
+    last_x = [r for r in rows if r["nodeid"] == "x"][-1]
+    assert (last_x["first_seen"], last_x["last_seen"]) == ("T2", "T2")
+    last_y = [r for r in rows if r["nodeid"] == "y"][-1]
+    assert (last_y["first_seen"], last_y["last_seen"]) == ("T1", "T1")
+    assert history.trends(rows)["x"] == [0.0, 0.4, 0.0]
+    with open(path) as f:
+        assert f.readline().strip().split(",") == list(history.COLUMNS)
+
+
+def test_latest_is_a_relative_symlink_that_moves(tmp_path):
+    first, second = tmp_path / "s1", tmp_path / "s2"
+    first.mkdir()
+    second.mkdir()
+    history.point_latest(first)
+    latest = history.point_latest(second)
+    assert latest.is_symlink() and os.readlink(latest) == "s2"
+
+
+def test_latest_falls_back_to_a_text_file(tmp_path, monkeypatch):
+    out = tmp_path / "s1"
+    out.mkdir()
+
+    def refuse(*args, **kwargs):
+        raise OSError("symlinks not allowed here")
+
+    monkeypatch.setattr(history.os, "symlink", refuse)
+    latest = history.point_latest(out)
+    assert latest.read_text().strip() == str(out.resolve())
+
+
+@pytest.mark.parametrize("bad", ["nodeid,flake_rate\nx,notanumber\n", ""])
+def test_trends_skip_unreadable_rates(tmp_path, bad):
+    path = tmp_path / "history.csv"
+    path.write_text(bad)
+    assert history.trends(history.read_history(path)) == {}

@@ -1,0 +1,112 @@
+"""The cause search: replay counts for one polluter, delta debugging for several, verification."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from harness.search import CountingOracle, bisect, ddmin, search
+
+
+def needs(*culprits: str, log: list[tuple[str, ...]] | None = None):
+    """A fake replay oracle: the target misbehaves when every culprit ran before it."""
+
+    def oracle(tests):
+        if log is not None:
+            log.append(tuple(tests))
+        return set(culprits) <= set(tests)
+
+    return oracle
+
+
+def names(n: int) -> list[str]:
+    return [f"t.py::test_{i}" for i in range(n)]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13, 64, 100, 257, 1000])
+def test_single_polluter_within_log2_plus_3_replays_wherever_it_is(n):
+    candidates = names(n)
+    for position in {0, n // 3, n // 2, n - 1}:
+        polluter = candidates[position]
+        result = search("t.py::victim", candidates, needs(polluter))
+        assert result.culprits == (polluter,)
+        assert result.reproduced and result.verified
+        assert result.candidates == n
+        assert result.replays <= math.ceil(math.log2(n)) + 3
+
+
+def test_first_replay_is_the_whole_prefix():
+    log: list[tuple[str, ...]] = []
+    candidates = names(10)
+    search("v", candidates, needs(candidates[7], log=log))
+    assert log[0] == tuple(candidates)
+    assert () in log  # the victim alone was checked too
+
+
+def test_pair_of_polluters_needed_together_is_found_by_ddmin():
+    candidates = names(40)
+    pair = (candidates[3], candidates[31])  # one in each half: bisection alone cannot
+    result = search("v", candidates, needs(*pair))
+    assert result.culprits == pair
+    assert result.verified
+
+
+def test_three_polluters_needed_together():
+    candidates = names(30)
+    trio = (candidates[2], candidates[11], candidates[29])
+    assert search("v", candidates, needs(*trio)).culprits == trio
+
+
+def test_nothing_reproduces_means_no_culprit_and_one_replay():
+    result = search("v", names(16), lambda tests: False)
+    assert result.culprits == ()
+    assert not result.reproduced
+    assert result.replays == 1
+
+
+def test_target_that_misbehaves_alone_is_not_explained_by_a_prefix():
+    result = search("v", names(8), lambda tests: True)
+    assert result.reproduced
+    assert not result.verified
+    assert result.culprits == ()
+
+
+def test_state_setter_for_a_brittle_test():
+    # Oracle for a brittle test: "it passes" after the setter ran first.
+    candidates = names(20)
+    setter = candidates[13]
+    result = search("brittle", candidates, needs(setter))
+    assert result.culprits == (setter,)
+
+
+def test_empty_prefix_asks_nothing():
+    result = search("v", [], needs("x"))
+    assert result.replays == 0 and result.culprits == ()
+
+
+def test_target_is_never_its_own_candidate():
+    log: list[tuple[str, ...]] = []
+    search("v", ["a", "v", "b"], needs("b", log=log))
+    assert all("v" not in replay for replay in log)
+
+
+def test_counting_oracle_asks_each_question_once():
+    calls = []
+    ask = CountingOracle(lambda tests: calls.append(tests) or True)
+    ask(["a"])
+    ask(["a"])
+    ask(["b"])
+    assert ask.replays == 2 and len(calls) == 2
+
+
+def test_ddmin_result_is_one_minimal_and_keeps_order():
+    candidates = names(25)
+    wanted = [candidates[20], candidates[4]]
+    found = ddmin(candidates, needs(*wanted))
+    assert found == [candidates[4], candidates[20]]
+
+
+def test_bisect_needs_a_candidate():
+    with pytest.raises(ValueError):
+        bisect([], needs())

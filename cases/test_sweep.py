@@ -1,0 +1,243 @@
+"""`capsafe sweep` end to end on tiny suites written into tmp_path, run as subprocesses."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.sweep import SweepOptions, run_seeds, run_sweep, suite_root
+
+FAST = ("--", "-p", "no:run-parallel", "-p", "no:hypothesispytest")  # lighter test processes
+REPORT_FILES = ("records.jsonl", "tests.csv", "summary.json", "report.md", "report.html")
+
+
+def make_suite(root: Path, **files: str) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "pytest.ini").write_text("[pytest]\n")
+    for name, body in files.items():
+        (root / f"{name}.py").write_text(textwrap.dedent(body))
+    return root
+
+
+def sweep(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "capsafe.cli", "sweep", "--no-progress", *args],
+        cwd=cwd, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def summary_of(out: Path) -> dict:
+    return json.loads((out / "summary.json").read_text())
+
+
+def by_id(summary: dict) -> dict[str, dict]:
+    return {t["nodeid"]: t for t in summary["tests"]}
+
+
+PASSING = """
+    import pytest
+
+    @pytest.mark.parametrize("i", range(5))
+    def test_ok(i):
+        assert i >= 0
+"""
+
+
+def test_all_passing_suite_exits_0_and_writes_every_report(tmp_path):
+    suite = make_suite(tmp_path / "suite", test_ok=PASSING)
+    out = tmp_path / "reports" / "s1"
+    done = sweep(str(suite), "--runs", "2", "--workers", "0", "--seed", "3", "--out", str(out),
+                 *FAST, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "all 5 tests pass" in done.stderr.splitlines()[-1]
+    for name in REPORT_FILES:
+        assert (out / name).is_file(), name
+    summary = summary_of(out)
+    assert summary["runs"] == 2 and summary["seeds"] == run_seeds(3, 2)
+    assert summary["counts"]["pass"] == 5 and summary["searches"] == []
+    assert set(summary) >= {"runs", "workers", "seeds", "backend", "duration_s", "tests",
+                            "counts", "searches"}  # fmt: skip
+    assert set(summary["tests"][0]) == {
+        "nodeid", "classification", "runs", "failures", "flake_rate", "flake_rate_ci",
+        "isolation_runs", "isolation_failures", "polluters", "state_setters", "signals", "replay",
+    }  # fmt: skip
+    assert summary["tests"][0]["nodeid"] == "test_ok.py::test_ok[0]"
+    assert (tmp_path / "reports" / "history.csv").read_text().count("test_ok.py::test_ok") == 5
+    assert (tmp_path / "reports" / "latest").resolve() == out.resolve()
+
+
+DEFECTS = """
+    import os
+    import pytest
+
+    STATE = []
+
+    @pytest.mark.parametrize("i", range(6))
+    def test_polluter(i):
+        STATE.append(i)
+
+    def test_victim():
+        assert not STATE, "polluted"
+
+    def test_broken():
+        assert 1 == 2
+
+    def test_crash():
+        os._exit(3)
+"""
+
+
+def test_defects_are_classified_and_the_replay_reproduces(tmp_path):
+    suite = make_suite(tmp_path / "suite", test_defects=DEFECTS)
+    out = tmp_path / "out"
+    done = sweep(str(suite), "--runs", "4", "--workers", "0", "--isolation-runs", "2",
+                 "--seed", "11", "--out", str(out), *FAST, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    tests = by_id(summary_of(out))
+    victim = tests["test_defects.py::test_victim"]
+    assert victim["classification"] == "order-dependent"
+    assert len(victim["polluters"]) == 1
+    assert victim["polluters"][0].startswith("test_defects.py::test_polluter[")
+    assert victim["isolation_failures"] == 0 and victim["failures"] >= 1
+    assert tests["test_defects.py::test_broken"]["classification"] == "fail"
+    crash = tests["test_defects.py::test_crash"]
+    assert crash["classification"] == "fail" and "crash" in crash["signals"]
+    # The recorded command replays polluter then victim and shows the failure again.
+    again = subprocess.run(victim["replay"], shell=True, capture_output=True, text=True,
+                           timeout=60)  # fmt: skip
+    assert again.returncode == 1, again.stdout
+    assert "polluted" in again.stdout
+
+
+def test_baseline_quarantine_turns_exit_1_into_0(tmp_path):
+    suite = make_suite(tmp_path / "suite", test_b="def test_broken():\n    assert False\n")
+    baseline = tmp_path / "quarantine.txt"
+    baseline.write_text("# known bad, tracked elsewhere\ntest_b.py::test_broken\n")
+    done = sweep(str(suite), "--runs", "1", "--workers", "0", "--isolation-runs", "1",
+                 "--out", str(tmp_path / "out"), "--baseline", str(baseline), *FAST,
+                 cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "1 quarantined" in done.stderr
+
+
+def test_pytest_args_after_double_dash_reach_pytest(tmp_path):
+    suite = make_suite(tmp_path / "suite", test_k="def test_a():\n    pass\n\n"
+                       "def test_b():\n    assert False\n")  # fmt: skip
+    out = tmp_path / "out"
+    done = sweep(str(suite), "--runs", "1", "--workers", "0", "--out", str(out), *FAST,
+                 "-k", "test_a", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert list(by_id(summary_of(out))) == ["test_k.py::test_a"]
+
+
+def test_budget_stops_new_work_and_still_reports(tmp_path):
+    suite = make_suite(tmp_path / "suite", test_ok=PASSING)
+    out = tmp_path / "out"
+    done = sweep(str(suite), "--runs", "50", "--workers", "0", "--budget", "0.01",
+                 "--out", str(out), *FAST, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    summary = summary_of(out)
+    assert summary["runs"] == 1
+    assert any("budget" in note and "49 suite runs" in note for note in summary["notes"])
+
+
+def test_suite_that_cannot_be_collected_is_a_usage_error(tmp_path):
+    suite = make_suite(tmp_path / "suite", test_bad="def test_(:\n")
+    done = sweep(str(suite), "--runs", "1", "--workers", "0", "--out", str(tmp_path / "o"),
+                 *FAST, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) <= 2 and "Traceback" not in done.stderr
+
+
+SLOW = """
+    import time
+    import pytest
+
+    @pytest.mark.parametrize("i", range(40))
+    def test_slow(i):
+        time.sleep(0.5)
+"""
+
+
+def test_ctrl_c_writes_the_partial_report_and_exits_130(tmp_path):
+    suite = make_suite(tmp_path / "suite", test_slow=SLOW)
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "capsafe.cli", "sweep", "--no-progress", str(suite),
+         "--runs", "3", "--workers", "0", "--out", str(out), *FAST],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not list((out / "raw" / "run-1").glob("records-*.jsonl")):
+            assert time.monotonic() < deadline, "the first run never started"
+            time.sleep(0.1)
+        time.sleep(1.2)  # a couple of tests recorded
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr
+    summary = summary_of(out)
+    assert any("interrupted" in note for note in summary["notes"])
+    assert 0 < len(summary["tests"]) < 40
+    assert (out / "report.html").is_file()
+
+
+@pytest.mark.slow
+def test_a_process_that_stops_making_progress_is_killed_and_recorded(tmp_path):
+    # SIGALRM blocked: pytest-timeout's signal method cannot interrupt it, the watchdog must.
+    suite = make_suite(tmp_path / "suite", test_stuck="""
+        import signal
+        import time
+
+        def test_ok():
+            pass
+
+        def test_stuck():
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+            time.sleep(60)
+    """)  # fmt: skip
+    options = SweepOptions(paths=(suite,), out=tmp_path / "out", seed=1, runs=1, workers=0,
+                           timeout=1, isolation_runs=1, stall_s=2, progress=False,
+                           pytest_args=FAST[1:])  # fmt: skip
+    result = run_sweep(options)
+    tests = by_id(result.summary)
+    stuck = tests["test_stuck.py::test_stuck"]
+    assert stuck["classification"] == "fail" and "timeout" in stuck["signals"]
+    assert any("no progress" in note for note in result.summary["notes"])
+
+
+def test_suite_root_is_the_common_parent(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "t.py").write_text("")
+    (tmp_path / "b").mkdir()
+    assert suite_root([tmp_path / "a" / "t.py"]) == tmp_path / "a"
+    assert suite_root([tmp_path / "a", tmp_path / "b"]) == tmp_path
+
+
+def test_run_seeds_are_stable_and_distinct():
+    assert run_seeds(1, 3) == run_seeds(1, 3)
+    assert len(set(run_seeds(1, 20))) == 20
+    assert run_seeds(1, 3) != run_seeds(2, 3) != run_seeds(1, 3, kind="alone")
+
+
+def test_sweep_environment_gives_every_process_its_own_scratch_dir(tmp_path):
+    suite = make_suite(tmp_path / "suite", test_env="""
+        import os
+
+        def test_scratch():
+            scratch = os.environ["CAPSAFE_SWEEP_TMP"]
+            assert os.path.isdir(scratch) and not os.listdir(scratch)
+            open(os.path.join(scratch, "left-behind"), "w").close()
+    """)  # fmt: skip
+    done = sweep(str(suite), "--runs", "2", "--workers", "0", "--out", str(tmp_path / "o"),
+                 *FAST, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr

@@ -1,0 +1,68 @@
+"""`capsafe sweep` usage errors: one line, exit 2, no traceback; and the help text."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from capsafe.cli import main
+
+
+@pytest.fixture
+def suite(tmp_path):
+    (tmp_path / "test_x.py").write_text("def test_x():\n    pass\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("args", "reason"),
+    [
+        (["/no/such/dir"], "no such file or directory: /no/such/dir"),
+        (["{suite}", "--runs", "0"], "--runs must be at least 1, got 0"),
+        (["{suite}", "--workers", "-1"], "--workers must be at least 0, got -1"),
+        (["{suite}", "--isolation-runs", "0"], "--isolation-runs must be at least 1"),
+        (["{suite}", "--threads", "0"], "--threads must be at least 1"),
+        (["{suite}", "--timeout", "0"], "--timeout must be positive"),
+        (["{suite}", "--budget", "-5"], "--budget must be positive"),
+        (["{suite}", "--baseline", "{suite}/missing.txt"], "cannot read --baseline"),
+        (["{suite}", "--seed", "-3"], "--seed must be a non-negative integer"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(suite, capsys, args, reason):
+    argv = ["sweep", *(a.format(suite=suite) for a in args)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert err.startswith("capsafe sweep: ") and reason in err
+
+
+def test_missing_xdist_with_workers_is_a_usage_error(suite, capsys, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "xdist" else real(name, *a)
+    )
+    assert main(["sweep", str(suite), "--workers", "2"]) == 2
+    assert "pytest-xdist is not installed" in capsys.readouterr().err
+
+
+def test_out_that_is_a_file_is_a_usage_error(suite, capsys):
+    (suite / "f").write_text("")
+    assert main(["sweep", str(suite), "--out", str(suite / "f")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+
+
+def test_unknown_option_is_exit_2(suite, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["sweep", str(suite), "--bogus"])
+    assert exc.value.code == 2
+
+
+def test_help_explains_options_and_exit_codes(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["sweep", "--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    for needle in ("--runs", "--workers", "--isolation-runs", "--neighbors", "--threads",
+                   "--budget", "--baseline", "exit codes", "130", "order-dependent"):  # fmt: skip
+        assert needle in text

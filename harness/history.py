@@ -1,0 +1,122 @@
+"""Sweep-over-sweep memory: history.csv beside the report directories, and `latest`.
+
+One row per test per sweep. `first_seen` / `last_seen` are the timestamps of
+the first and the latest sweep in which the test was not `pass`, carried
+forward on every row, so the newest row alone answers "since when, and is it
+still happening?" the way a hosted flake tracker would.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from filelock import FileLock
+
+HISTORY_FILE = "history.csv"
+LATEST = "latest"
+COLUMNS = (
+    "sweep_id",
+    "timestamp",
+    "nodeid",
+    "classification",
+    "runs",
+    "failures",
+    "flake_rate",
+    "first_seen",
+    "last_seen",
+)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one sweep concluded about one test: the input to a history row."""
+
+    nodeid: str
+    classification: str
+    runs: int
+    failures: int
+    flake_rate: float
+
+
+def read_history(path: str | os.PathLike[str]) -> list[dict[str, str]]:
+    """Every row of a history file (none when it does not exist yet)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def append_history(
+    path: str | os.PathLike[str], sweep_id: str, timestamp: str, verdicts: Iterable[Verdict]
+) -> list[dict[str, str]]:
+    """Append this sweep's rows (under a file lock: two sweeps may share a reports dir).
+
+    Returns the whole history including the new rows.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path.parent / f".{path.name}.lock")):
+        old = read_history(path)
+        seen: dict[str, tuple[str, str]] = {}
+        for row in old:
+            if row.get("first_seen"):
+                seen[row["nodeid"]] = (row["first_seen"], row["last_seen"])
+        new = []
+        for v in verdicts:
+            first, last = seen.get(v.nodeid, ("", ""))
+            if v.classification != "pass":
+                first, last = first or timestamp, timestamp
+            new.append(
+                {
+                    "sweep_id": sweep_id,
+                    "timestamp": timestamp,
+                    "nodeid": v.nodeid,
+                    "classification": v.classification,
+                    "runs": str(v.runs),
+                    "failures": str(v.failures),
+                    "flake_rate": f"{v.flake_rate:.6g}",
+                    "first_seen": first,
+                    "last_seen": last,
+                }
+            )
+        fresh = not path.exists() or path.stat().st_size == 0
+        with open(path, "a", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=COLUMNS)
+            if fresh:
+                writer.writeheader()
+            writer.writerows(new)
+    return old + new
+
+
+def trends(history: Iterable[dict[str, str]], limit: int = 20) -> dict[str, list[float]]:
+    """Per test, its flake rate in each of the last `limit` sweeps, oldest first."""
+    series: dict[str, list[float]] = {}
+    for row in history:
+        try:
+            rate = float(row["flake_rate"])
+        except (KeyError, ValueError):
+            continue
+        series.setdefault(row["nodeid"], []).append(rate)
+    return {nodeid: rates[-limit:] for nodeid, rates in series.items()}
+
+
+def point_latest(out: str | os.PathLike[str]) -> Path:
+    """Make `<parent of out>/latest` name `out`: a relative symlink, else a text file."""
+    out = Path(out).resolve()
+    latest = out.parent / LATEST
+    staging = out.parent / f".{LATEST}.{os.getpid()}"
+    try:
+        staging.unlink(missing_ok=True)
+        os.symlink(out.name, staging, target_is_directory=True)
+        os.replace(staging, latest)
+    except OSError:
+        staging.unlink(missing_ok=True)
+        if latest.is_symlink() or latest.is_file():
+            latest.unlink()
+        latest.write_text(f"{out}\n", encoding="utf-8")
+    return latest

@@ -1,0 +1,446 @@
+"""The capsafe pytest plugin: records, reproducible order, replay, neighbour threads.
+
+It is loaded into every pytest run of an environment where capsafe is
+installed, so with none of its options it registers nothing per test: only the
+option parser, one header check and one `sys.modules` lookup after collection
+(to turn capsafe's frozen-config guard on when the suite already imported
+capsafe). Everything per test lives on `CapsafeRun`, registered only when an
+option asks for it. It never imports anything heavy (pandas, numpy, CUDA), so
+it does not change the suite it observes.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from harness import order
+from harness.records import MESSAGE_LIMIT, Record, RecordWriter, records_path
+
+DEFAULT_WATCH_ENV = "CAPSAFE_,CUDA_"
+PLUGIN_NAME = "capsafe-run"
+CONTROLLER = "controller"
+
+# Failure text (or exception class names) that marks a signal.
+CAPTURE_MARKS = (
+    "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+    "cudaErrorStreamCaptureInvalidated",
+    "CaptureInvalidated",
+)
+FROZEN_MARKS = ("FrozenConfigError",)
+TIMEOUT_MARKS = ("Timeout (>", "from pytest-timeout")
+CRASH_MARK = "crashed while running"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("capsafe", "capsafe: test records, reproducible order, neighbours")
+    group.addoption(
+        "--capsafe-records",
+        metavar="DIR",
+        help="append one JSON line per test per phase to DIR/records-<run>-<worker>-<pid>.jsonl",
+    )
+    group.addoption(
+        "--capsafe-run-id",
+        metavar="ID",
+        help="run id stored in every record (default: random hex, shared by xdist workers)",
+    )
+    group.addoption(
+        "--capsafe-seed",
+        metavar="N|random",
+        help="order seed; also reseeds `random` per test from (seed, node id)",
+    )
+    group.addoption(
+        "--capsafe-shuffle",
+        choices=order.SHUFFLE_MODES,
+        help="global: shuffle all tests; module: shuffle modules, then tests within each; "
+        "none: keep collection order (default: global with a seed, none without)",
+    )
+    group.addoption(
+        "--capsafe-replay",
+        metavar="FILE",
+        help="run exactly the node ids listed in FILE (one per line) in that order, "
+        "in one process (use -n 0 / -p no:xdist)",
+    )
+    group.addoption(
+        "--capsafe-neighbors",
+        metavar="N",
+        type=int,
+        default=0,
+        help="run N background threads issuing capture-breaking driver calls while tests run",
+    )
+    group.addoption(
+        "--capsafe-watch-env",
+        metavar="PREFIX[,PREFIX...]",
+        default=DEFAULT_WATCH_ENV,
+        help=f"environment prefixes whose changes a test leaves behind are recorded "
+        f"(default {DEFAULT_WATCH_ENV})",
+    )
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The options of one run, resolved once (seed and run id agreed with the xdist controller)."""
+
+    records: str | None
+    run_id: str
+    seed: int | None
+    shuffle: str
+    replay: tuple[str, ...] | None
+    replay_file: str | None
+    neighbors: int
+    watch_env: tuple[str, ...]
+
+    def header(self) -> str:
+        seed = "none" if self.seed is None else str(self.seed)
+        line = f"capsafe: seed={seed} shuffle={self.shuffle}"
+        if self.replay_file:
+            line += f" replay={self.replay_file} ({len(self.replay or ())} tests)"
+        if self.records:
+            line += f" records={self.records} run_id={self.run_id}"
+        if self.neighbors:
+            line += f" neighbors={self.neighbors}"
+        return line
+
+
+def _active(config: pytest.Config) -> bool:
+    opt = config.option
+    return bool(
+        opt.capsafe_records
+        or opt.capsafe_seed is not None
+        or opt.capsafe_shuffle not in (None, "none")
+        or opt.capsafe_replay
+        or opt.capsafe_neighbors
+    )
+
+
+def _resolve(config: pytest.Config) -> Settings:
+    opt = config.option
+    agreed = getattr(config, "workerinput", {})
+    if "capsafe_seed" in agreed:
+        seed, run_id = agreed["capsafe_seed"], agreed["capsafe_run_id"]
+    else:
+        run_id = opt.capsafe_run_id or os.urandom(6).hex()
+        seed = None
+        if opt.capsafe_seed is not None:
+            try:
+                seed = order.parse_seed(opt.capsafe_seed)
+            except ValueError:
+                raise pytest.UsageError(
+                    f"--capsafe-seed={opt.capsafe_seed!r}: give a non-negative integer or 'random'"
+                ) from None
+        elif opt.capsafe_shuffle not in (None, "none"):
+            seed = order.parse_seed("random")
+    shuffle = opt.capsafe_shuffle or ("global" if seed is not None else "none")
+    replay = None
+    if opt.capsafe_replay:
+        if getattr(opt, "numprocesses", None) and not agreed:
+            raise pytest.UsageError(
+                "--capsafe-replay runs the listed tests in order in one process; "
+                "add -n 0 (or -p no:xdist)"
+            )
+        try:
+            replay = tuple(order.read_replay(opt.capsafe_replay))
+        except OSError as exc:
+            raise pytest.UsageError(
+                f"--capsafe-replay: cannot read {opt.capsafe_replay}: {exc.strerror}"
+            ) from None
+        shuffle = "none"
+    if opt.capsafe_neighbors < 0:
+        raise pytest.UsageError("--capsafe-neighbors: give a thread count >= 0")
+    watch = tuple(p.strip() for p in opt.capsafe_watch_env.split(",") if p.strip())
+    return Settings(
+        records=opt.capsafe_records,
+        run_id=run_id,
+        seed=seed,
+        shuffle=shuffle,
+        replay=replay,
+        replay_file=opt.capsafe_replay,
+        neighbors=opt.capsafe_neighbors,
+        watch_env=watch,
+    )
+
+
+def _enable_frozen_guard(import_capsafe: bool) -> None:
+    """Turn capsafe's frozen-config guard on, importing capsafe only when asked to."""
+    if not import_capsafe and "capsafe.config" not in sys.modules:
+        return
+    try:
+        from capsafe.config import enable_guard
+    except ImportError:
+        return
+    enable_guard()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not _active(config):
+        return
+    settings = _resolve(config)
+    config.pluginmanager.register(CapsafeRun(config, settings), PLUGIN_NAME)
+    _enable_frozen_guard(import_capsafe=True)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # Without options: the suite's own modules are imported now; if they use
+    # capsafe, guard its configuration before the first test runs.
+    _enable_frozen_guard(import_capsafe=False)
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    run = config.pluginmanager.get_plugin(PLUGIN_NAME)
+    return run.settings.header() if run is not None else None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist controller: hand every worker the same seed and run id."""
+    run = node.config.pluginmanager.get_plugin(PLUGIN_NAME)
+    if run is not None:
+        node.workerinput["capsafe_seed"] = run.settings.seed
+        node.workerinput["capsafe_run_id"] = run.settings.run_id
+
+
+def _env_snapshot() -> dict[Any, Any]:
+    """A cheap copy of the whole environment, taken twice per test.
+
+    `os.environ._data` is the raw mapping behind os.environ; copying it is a C-level
+    dict copy, where walking os.environ decodes every variable (about a hundred
+    times slower, and it dominated the plugin's per-test cost).
+    """
+    raw = getattr(os.environ, "_data", None)
+    return raw.copy() if isinstance(raw, dict) else dict(os.environ)
+
+
+def _env_leak(
+    before: dict[Any, Any], after: dict[Any, Any], prefixes: tuple[str, ...]
+) -> dict[str, list[str | None]]:
+    """{VAR: [before, after]} for watched variables that differ (None: unset)."""
+
+    def text(value: Any) -> str:
+        return os.fsdecode(value) if isinstance(value, bytes) else value
+
+    leaks = {}
+    for key in before.keys() | after.keys():
+        name = text(key)
+        if name.startswith(prefixes) and before.get(key) != after.get(key):
+            old, new = before.get(key), after.get(key)
+            leaks[name] = [None if old is None else text(old), None if new is None else text(new)]
+    return dict(sorted(leaks.items()))
+
+
+def _signals(text: str, exc_names: tuple[str, ...]) -> list[str]:
+    found = []
+    if any(m in text for m in CAPTURE_MARKS) or "CaptureInvalidated" in exc_names:
+        found.append("capture-invalidated")
+    if any(m in text for m in FROZEN_MARKS) or "FrozenConfigError" in exc_names:
+        found.append("frozen-config")
+    if any(m in text for m in TIMEOUT_MARKS):
+        found.append("timeout")
+    if CRASH_MARK in text:
+        found.append("crash")
+    return found
+
+
+def _message(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    if longrepr is None:
+        return ""
+    if isinstance(longrepr, tuple):  # a skip: (path, lineno, reason)
+        return str(longrepr[2])[:MESSAGE_LIMIT]
+    crash = getattr(longrepr, "reprcrash", None)
+    text = crash.message if crash is not None else str(longrepr)
+    return text[:MESSAGE_LIMIT]
+
+
+class CapsafeRun:
+    """Per-run state and per-test hooks, registered only when a capsafe option is given."""
+
+    def __init__(self, config: pytest.Config, settings: Settings) -> None:
+        self.config = config
+        self.settings = settings
+        workerinput = getattr(config, "workerinput", None)
+        self.worker = workerinput["workerid"] if workerinput else "main"
+        self.writer: RecordWriter | None = None
+        self.index = -1
+        self.env_before: dict[Any, Any] = {}
+        self.exc_names: dict[tuple[str, str], tuple[str, ...]] = {}
+        self.neighbors: Any = None
+        # xdist controller only: per worker, tests started and the last one set up.
+        self.started: dict[str, int] = {}
+        self.last_setup: dict[str, str] = {}
+
+    # -- session --------------------------------------------------------------
+    def _is_controller(self) -> bool:
+        return self.config.pluginmanager.has_plugin("dsession")
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        if self.settings.records and not self._is_controller():
+            path = records_path(
+                self.settings.records, self.settings.run_id, self.worker, os.getpid()
+            )
+            self.writer = RecordWriter(path)
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        if self.settings.neighbors and not self.config.option.collectonly:
+            from harness.neighbors import Neighbors
+
+            neighbors = Neighbors(self.settings.neighbors)
+            problem = neighbors.start()
+            if problem is None:
+                self.neighbors = neighbors
+            else:
+                self._warn(f"capsafe: running without neighbour threads ({problem})")
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.neighbors is not None:
+            for problem in self.neighbors.stop():
+                self._warn(f"capsafe: neighbour thread problem: {problem}")
+            self.neighbors = None
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+    def _warn(self, text: str) -> None:
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(text, yellow=True)
+        else:
+            print(text, file=sys.stderr)
+
+    # -- order ----------------------------------------------------------------
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(
+        self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
+        settings = self.settings
+        if settings.replay is not None:
+            chosen, missing = order.replay_order(items, settings.replay, lambda i: i.nodeid)
+            if missing:
+                shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+                raise pytest.UsageError(
+                    f"--capsafe-replay: {len(missing)} listed test(s) were not collected: {shown}"
+                )
+            keep = {id(item) for item in chosen}
+            dropped = [item for item in items if id(item) not in keep]
+            if dropped:
+                config.hook.pytest_deselected(items=dropped)
+            items[:] = chosen
+        elif settings.seed is not None and settings.shuffle != "none":
+            items[:] = order.shuffled(items, settings.seed, settings.shuffle, lambda i: i.nodeid)
+
+    def _reseed(self, item: pytest.Item) -> None:
+        if self.settings.seed is not None:
+            random.seed(order.per_test_seed(self.settings.seed, item.nodeid))
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        self._reseed(item)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> None:
+        self._reseed(item)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_teardown(self, item: pytest.Item) -> None:
+        self._reseed(item)
+
+    # -- records --------------------------------------------------------------
+    def pytest_runtest_logstart(self, nodeid: str) -> None:
+        if self.writer is not None:
+            self.index += 1
+            self.env_before = _env_snapshot()
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]):
+        report = yield
+        if self.writer is not None and call.excinfo is not None:
+            names = tuple(cls.__name__ for cls in type(call.excinfo.value).__mro__)
+            self.exc_names[(report.nodeid, report.when)] = names
+        return report
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        node = getattr(report, "node", None)
+        if node is not None:  # a worker's report arriving at the xdist controller
+            if self.settings.records:
+                self._controller_saw(report, node.gateway.id)
+            return
+        if self.writer is None:
+            return
+        exc_names = self.exc_names.pop((report.nodeid, report.when), ())
+        signals: list[str] = []
+        message = ""
+        if report.outcome != "passed":
+            message = _message(report)
+            if report.failed:
+                signals = _signals(report.longreprtext, exc_names)
+        row: Record = {
+            "nodeid": report.nodeid,
+            "phase": report.when,  # type: ignore[typeddict-item]
+            "outcome": report.outcome,
+            "duration": report.duration,
+            "run_id": self.settings.run_id,
+            "seed": self.settings.seed,
+            "worker": self.worker,
+            "index": self.index,
+            "pid": os.getpid(),
+            "signals": signals,
+            "message": message,
+            "time": time.time(),
+        }
+        if report.when == "teardown":
+            after = _env_snapshot()
+            leak = after != self.env_before and _env_leak(
+                self.env_before, after, self.settings.watch_env
+            )
+            if leak:
+                row["env_leak"] = leak
+                row["signals"] = [*signals, "env-leak"]
+        self.writer.write(row)
+
+    def _controller_saw(self, report: pytest.TestReport, worker: str) -> None:
+        if report.when == "setup":
+            self.started[worker] = self.started.get(worker, 0) + 1
+            self.last_setup[worker] = report.nodeid
+            return
+        if not (report.failed and CRASH_MARK in report.longreprtext):
+            return
+        started = self.started.get(worker, 0)
+        index = started - 1 if self.last_setup.get(worker) == report.nodeid else started
+        row: Record = {
+            "nodeid": report.nodeid,
+            "phase": "call",
+            "outcome": "failed",
+            "duration": report.duration,
+            "run_id": self.settings.run_id,
+            "seed": self.settings.seed,
+            "worker": worker,
+            "index": index,
+            "pid": self._worker_pid(worker),
+            "signals": ["crash"],
+            "message": report.longreprtext[:MESSAGE_LIMIT],
+            "time": time.time(),
+        }
+        if self.writer is None:
+            path = records_path(
+                self.settings.records, self.settings.run_id, CONTROLLER, os.getpid()
+            )
+            self.writer = RecordWriter(path)
+        self.writer.write(row)
+
+    def _worker_pid(self, worker: str) -> int:
+        """The crashed worker's pid, read from the newest records file it opened (0 if none)."""
+        prefix = records_path(self.settings.records, self.settings.run_id, worker, 0)
+        files = sorted(
+            prefix.parent.glob(prefix.name.replace("-0.jsonl", "-*.jsonl")),
+            key=lambda p: p.stat().st_mtime,
+        )
+        try:
+            return int(files[-1].stem.rsplit("-", 1)[1]) if files else 0
+        except ValueError:
+            return 0

@@ -1,0 +1,518 @@
+"""The sweep's outputs: records.jsonl, tests.csv, summary.json, report.md and report.html.
+
+report.html is one self-contained file (inline CSS and SVG, no script, no CDN),
+so it opens from a CI artifact or a mail attachment with no network. It leads
+with what needs a person: the verdict, then the tests worst first with their
+flake rate and 95 % interval, the cause found for each, the run-by-test heat
+map, the polluter -> victim pairs, the searches and the trend across sweeps.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from harness.classify import CLASSES, severity
+from harness.history import trends
+from harness.records import Record, to_json
+
+CELL_STATES = ("pass", "fail", "timeout", "crash", "none")
+HEATMAP_LIMIT = 80  # rows of the heat map; the rest are summarised in one line
+PASSING_SHOWN = 200  # passing tests listed in the collapsed section of the table
+
+COLOURS = {
+    "fail": "#cf222e",
+    "order-dependent": "#8250df",
+    "brittle": "#bc4c00",
+    "flaky": "#d4a72c",
+    "pass": "#2da44e",
+}
+DESCRIPTIONS = {
+    "fail": "fails alone every time",
+    "order-dependent": "fails after a polluter, passes alone",
+    "brittle": "fails alone, passes after a state-setter",
+    "flaky": "fails at random",
+    "pass": "never failed",
+}
+
+
+def write_reports(
+    out: str | os.PathLike[str],
+    summary: Mapping[str, Any],
+    rows: Iterable[Record],
+    grid: Mapping[str, Sequence[str]],
+    run_ids: Sequence[str],
+    history: Sequence[Mapping[str, str]],
+) -> None:
+    """Write every report file into `out`."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "records.jsonl", "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(to_json(row) + "\n")
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    write_tests_csv(out / "tests.csv", summary["tests"])
+    (out / "report.md").write_text(render_markdown(summary), encoding="utf-8")
+    (out / "report.html").write_text(render_html(summary, grid, run_ids, history), encoding="utf-8")
+
+
+def write_tests_csv(path: str | os.PathLike[str], tests: Sequence[Mapping[str, Any]]) -> None:
+    """One row per test; lists joined with ';' so the file stays one table."""
+    import pandas as pd
+
+    frame = pd.DataFrame(
+        [
+            {
+                "nodeid": t["nodeid"],
+                "classification": t["classification"],
+                "runs": t["runs"],
+                "failures": t["failures"],
+                "flake_rate": t["flake_rate"],
+                "ci_low": t["flake_rate_ci"][0],
+                "ci_high": t["flake_rate_ci"][1],
+                "isolation_runs": t["isolation_runs"],
+                "isolation_failures": t["isolation_failures"],
+                "polluters": ";".join(t["polluters"]),
+                "state_setters": ";".join(t["state_setters"]),
+                "signals": ";".join(t["signals"]),
+                "replay": t["replay"],
+            }
+            for t in tests
+        ],
+        columns=[
+            "nodeid", "classification", "runs", "failures", "flake_rate", "ci_low", "ci_high",
+            "isolation_runs", "isolation_failures", "polluters", "state_setters", "signals",
+            "replay",
+        ],
+    )  # fmt: skip
+    frame.to_csv(path, index=False)
+
+
+def worst_first(tests: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Tests by class (worst first), then by flake rate, then by name."""
+    return sorted(
+        tests, key=lambda t: (severity(t["classification"]), -t["flake_rate"], t["nodeid"])
+    )
+
+
+def pairs(tests: Iterable[Mapping[str, Any]]) -> list[tuple[str, list[str], str]]:
+    """(kind, causes, test) for every polluter -> victim and state-setter -> brittle found."""
+    found = []
+    for t in worst_first(tests):
+        if t["polluters"]:
+            found.append(("polluter", list(t["polluters"]), t["nodeid"]))
+        if t["state_setters"]:
+            found.append(("state-setter", list(t["state_setters"]), t["nodeid"]))
+    return found
+
+
+def search_bound(candidates: int) -> int:
+    """The replay budget for one culprit among `candidates`: ceil(log2 n) + 3."""
+    return math.ceil(math.log2(candidates)) + 3 if candidates > 0 else 0
+
+
+# ---------------------------------------------------------------- markdown
+
+
+def render_markdown(summary: Mapping[str, Any]) -> str:
+    """A plain-text report for terminals, PR comments and chat."""
+    tests = worst_first(summary["tests"])
+    bad = [t for t in tests if t["classification"] != "pass"]
+    counts = summary["counts"]
+    lines = [
+        "# capsafe sweep",
+        "",
+        f"{_verdict(len(tests), len(bad))}",
+        "",
+        "| " + " | ".join(CLASSES) + " |",
+        "|" + "---|" * len(CLASSES),
+        "| " + " | ".join(str(counts.get(c, 0)) for c in CLASSES) + " |",
+        "",
+        f"Runs: {summary['runs']} · workers: {summary['workers']} · backend: "
+        f"{summary['backend']} · {summary['duration_s']:.1f} s · seeds: "
+        + ", ".join(str(s) for s in summary["seeds"]),
+        "",
+    ]
+    lines += [f"> **Note:** {note}" for note in summary.get("notes", [])]
+    if bad:
+        lines += [
+            "## Tests that need attention",
+            "",
+            "| test | class | failed in runs | flake rate (95% CI) | alone | cause | signals |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for t in bad:
+            lo, hi = t["flake_rate_ci"]
+            cause = _cause_text(t)
+            lines.append(
+                f"| `{_md(t['nodeid'])}` | {t['classification']} | {t['failures']}/{t['runs']} "
+                f"| {_pct(t['flake_rate'])} ({_pct(lo)}–{_pct(hi)}) "
+                f"| {t['isolation_failures']}/{t['isolation_runs']} failed "
+                f"| {_md(cause)} | {', '.join(t['signals'])} |"
+            )
+        lines += ["", "## Reproduce", ""]
+        for t in bad:
+            lines += [f"- `{_md(t['nodeid'])}` ({t['classification']}):", "", "  ```sh",
+                      f"  {t['replay']}", "  ```", ""]  # fmt: skip
+    if summary["searches"]:
+        lines += ["## Searches", "", "| test | candidates | replays | bound |", "|---|---|---|---|"]
+        for s in summary["searches"]:
+            lines.append(
+                f"| `{_md(s['victim'])}` | {s['candidates']} | {s['replays']} "
+                f"| {search_bound(s['candidates'])} |"
+            )
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _cause_text(test: Mapping[str, Any]) -> str:
+    if test["polluters"]:
+        return "after " + " + ".join(test["polluters"])
+    if test["state_setters"]:
+        return "passes after " + " + ".join(test["state_setters"])
+    return ""
+
+
+def _verdict(total: int, bad: int) -> str:
+    if total == 0:
+        return "No tests ran."
+    if bad == 0:
+        return f"All {total} tests pass."
+    return f"{bad} of {total} tests need attention."
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.0f}%"
+
+
+# ---------------------------------------------------------------- html
+
+
+def render_html(
+    summary: Mapping[str, Any],
+    grid: Mapping[str, Sequence[str]],
+    run_ids: Sequence[str],
+    history: Sequence[Mapping[str, str]],
+) -> str:
+    """The whole report page as one string."""
+    tests = worst_first(summary["tests"])
+    bad = [t for t in tests if t["classification"] != "pass"]
+    series = trends(history)
+    body = [
+        _header(summary, len(tests), len(bad), history),
+        _notes(summary.get("notes", [])),
+        _table(tests, series),
+        _heatmap(tests, grid, run_ids),
+        _pairs(tests),
+        _searches(summary["searches"]),
+        _footer(summary),
+    ]
+    return _PAGE.format(css=_CSS, body="\n".join(part for part in body if part))
+
+
+def _header(summary, total: int, bad: int, history) -> str:
+    tone = "ok" if bad == 0 else "bad"
+    cards = "".join(
+        f'<div class="card" style="--c:{COLOURS[c]}"><div class="n">{summary["counts"].get(c, 0)}'
+        f'</div><div class="k">{c}</div><div class="d">{DESCRIPTIONS[c]}</div></div>'
+        for c in CLASSES
+    )
+    seeds = ", ".join(str(s) for s in summary["seeds"]) or "none"
+    meta = (
+        f"<span>{summary['runs']} runs</span><span>{summary['workers']} workers</span>"
+        f"<span>backend <b>{_e(summary['backend'])}</b></span>"
+        f"<span>{summary['duration_s']:.1f} s</span>"
+        f'<span title="seeds of the runs">seeds {_e(seeds)}</span>'
+    )
+    trend = _sweep_trend(history)
+    return (
+        f'<header><h1>capsafe sweep</h1><div class="meta">{meta}</div>'
+        f'<div class="verdict {tone}">{_e(_verdict(total, bad))}{trend}</div>'
+        f'<div class="cards">{cards}</div></header>'
+    )
+
+
+def _sweep_trend(history: Sequence[Mapping[str, str]]) -> str:
+    per_sweep: dict[str, int] = {}
+    for row in history:
+        per_sweep.setdefault(row["sweep_id"], 0)
+        if row["classification"] != "pass":
+            per_sweep[row["sweep_id"]] += 1
+    counts = list(per_sweep.values())[-30:]
+    if len(counts) < 2:
+        return ""
+    top = max(counts) or 1
+    spark = _sparkline([c / top for c in counts], width=160, height=28)
+    return (
+        f'<span class="trend" title="tests not passing, last {len(counts)} sweeps">'
+        f"{spark}<small>not passing, last {len(counts)} sweeps</small></span>"
+    )
+
+
+def _notes(notes: Sequence[str]) -> str:
+    return "".join(f'<div class="note">{_e(n)}</div>' for n in notes)
+
+
+def _table(tests, series: Mapping[str, list[float]]) -> str:
+    bad = [t for t in tests if t["classification"] != "pass"]
+    good = [t for t in tests if t["classification"] == "pass"]
+    head = (
+        "<tr><th>test</th><th>class</th><th>flake rate · 95% CI</th><th>alone</th>"
+        "<th>cause</th><th>signals</th><th>trend</th></tr>"
+    )
+    rows = "".join(_row(t, series.get(t["nodeid"], [])) for t in bad)
+    section = "<section><h2>Tests, worst first</h2>"
+    if bad:
+        section += f'<table class="tests"><thead>{head}</thead><tbody>{rows}</tbody></table>'
+    if good:
+        shown = "".join(_row(t, series.get(t["nodeid"], [])) for t in good[:PASSING_SHOWN])
+        more = len(good) - PASSING_SHOWN
+        tail = f'<p class="muted">… and {more} more, all in tests.csv</p>' if more > 0 else ""
+        section += (
+            f"<details><summary>{len(good)} passing tests</summary>"
+            f'<table class="tests"><thead>{head}</thead><tbody>{shown}</tbody></table>'
+            f"{tail}</details>"
+        )
+    return section + "</section>"
+
+
+def _row(t, rates: list[float]) -> str:
+    lo, hi = t["flake_rate_ci"]
+    cls = t["classification"]
+    alone = (
+        f"{t['isolation_failures']}/{t['isolation_runs']} failed" if t["isolation_runs"] else "—"
+    )
+    cause = ""
+    if t["polluters"]:
+        cause = '<span class="muted">after</span> ' + " ".join(
+            f"<code>{_e(p)}</code>" for p in t["polluters"]
+        )
+    elif t["state_setters"]:
+        cause = '<span class="muted">passes after</span> ' + " ".join(
+            f"<code>{_e(s)}</code>" for s in t["state_setters"]
+        )
+    signals = "".join(f'<span class="sig">{_e(s)}</span>' for s in t["signals"])
+    replay = (
+        f"<details class='replay'><summary>replay</summary><code>{_e(t['replay'])}</code></details>"
+        if t["replay"]
+        else ""
+    )
+    return (
+        f'<tr><td class="id"><code>{_e(t["nodeid"])}</code>{replay}</td>'
+        f'<td><span class="pill" style="--c:{COLOURS[cls]}">{cls}</span></td>'
+        f'<td class="rate">{_rate_bar(t["flake_rate"], lo, hi)}'
+        f"<span>{t['failures']}/{t['runs']} · {_pct(t['flake_rate'])} "
+        f'<span class="muted">[{_pct(lo)}–{_pct(hi)}]</span></span></td>'
+        f"<td>{alone}</td><td>{cause}</td><td>{signals}</td>"
+        f"<td>{_sparkline(rates) if len(rates) > 1 else ''}</td></tr>"
+    )
+
+
+def _rate_bar(rate: float, lo: float, hi: float, width: int = 110) -> str:
+    """The flake rate as a bar, its 95% interval as a whisker over it."""
+    x = lambda v: 1 + v * (width - 2)  # noqa: E731
+    return (
+        f'<svg class="bar" width="{width}" height="14" viewBox="0 0 {width} 14" role="img">'
+        f'<rect x="1" y="4" width="{width - 2}" height="6" rx="3" fill="#eaeef2"/>'
+        f'<rect x="1" y="4" width="{max(0.0, x(rate) - 1):.1f}" height="6" rx="3" '
+        f'fill="{_rate_colour(rate)}"/>'
+        f'<line x1="{x(lo):.1f}" y1="7" x2="{x(hi):.1f}" y2="7" stroke="#24292f" '
+        f'stroke-width="1.2"/>'
+        f'<line x1="{x(lo):.1f}" y1="3" x2="{x(lo):.1f}" y2="11" stroke="#24292f"/>'
+        f'<line x1="{x(hi):.1f}" y1="3" x2="{x(hi):.1f}" y2="11" stroke="#24292f"/></svg>'
+    )
+
+
+def _rate_colour(rate: float) -> str:
+    if rate == 0:
+        return COLOURS["pass"]
+    return COLOURS["fail"] if rate >= 0.5 else COLOURS["flaky"]
+
+
+def _sparkline(values: Sequence[float], width: int = 84, height: int = 20) -> str:
+    """An inline SVG line of values in [0, 1], oldest left, the latest marked."""
+    if not values:
+        return ""
+    step = (width - 6) / max(1, len(values) - 1)
+    points = [(3 + i * step, height - 3 - v * (height - 6)) for i, v in enumerate(values)]
+    line = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
+    lx, ly = points[-1]
+    colour = _rate_colour(values[-1])
+    return (
+        f'<svg class="spark" width="{width}" height="{height}" viewBox="0 0 {width} {height}">'
+        f'<polyline points="{line}" fill="none" stroke="#57606a" stroke-width="1.4"/>'
+        f'<circle cx="{lx:.1f}" cy="{ly:.1f}" r="2.6" fill="{colour}"/></svg>'
+    )
+
+
+def _heatmap(tests, grid: Mapping[str, Sequence[str]], run_ids: Sequence[str]) -> str:
+    failing = [
+        t for t in tests if any(s != "pass" and s != "none" for s in grid.get(t["nodeid"], ()))
+    ]
+    if not run_ids:
+        return ""
+    intro = (
+        f"{len(failing)} of {len(tests)} tests failed in at least one run; "
+        "every other test passed in every run it was in."
+    )
+    if not failing:
+        return f'<section><h2>Failure heat map</h2><p class="muted">{intro}</p></section>'
+    shown = failing[:HEATMAP_LIMIT]
+    cols = len(run_ids)
+    head = '<div class="hl"></div>' + "".join(
+        f'<div class="hh" title="{_e(r)}">{i + 1}</div>' for i, r in enumerate(run_ids)
+    )
+    cells = []
+    for t in shown:
+        states = list(grid.get(t["nodeid"], ())) + ["none"] * cols
+        cells.append(
+            f'<div class="hl" title="{_e(t["nodeid"])}"><span class="dot" '
+            f'style="--c:{COLOURS[t["classification"]]}"></span>{_e(t["nodeid"])}</div>'
+        )
+        cells += [
+            f'<div class="hc {s}" title="{_e(t["nodeid"])} · {_e(r)}: {s}"></div>'
+            for r, s in zip(run_ids, states[:cols], strict=True)
+        ]
+    more = (
+        f'<p class="muted">… and {len(failing) - HEATMAP_LIMIT} more failing tests.</p>'
+        if len(failing) > HEATMAP_LIMIT
+        else ""
+    )
+    legend = "".join(
+        f'<span><i class="hc {s}"></i>{label}</span>'
+        for s, label in (
+            ("pass", "passed"), ("fail", "failed"), ("timeout", "timed out"),
+            ("crash", "crashed"), ("none", "not run"),
+        )
+    )  # fmt: skip
+    return (
+        f'<section><h2>Failure heat map</h2><p class="muted">{intro} Columns are runs.</p>'
+        f'<div class="heat" style="grid-template-columns:minmax(220px,max-content) '
+        f'repeat({cols},22px)">{head}{"".join(cells)}</div>{more}'
+        f'<div class="legend">{legend}</div></section>'
+    )
+
+
+def _pairs(tests) -> str:
+    found = pairs(tests)
+    if not found:
+        return ""
+    items = []
+    for kind, causes, test in found:
+        colour = COLOURS["order-dependent" if kind == "polluter" else "brittle"]
+        verb = "breaks" if kind == "polluter" else "sets up"
+        cause = '<span class="plus">+</span>'.join(f"<code>{_e(c)}</code>" for c in causes)
+        items.append(
+            f'<div class="pair" style="--c:{colour}"><div class="who">{cause}</div>'
+            f'<div class="arrow"><span>{verb}</span>→</div>'
+            f'<div class="whom"><code>{_e(test)}</code></div></div>'
+        )
+    return f"<section><h2>Polluter → victim, state-setter → brittle</h2>{''.join(items)}</section>"
+
+
+def _searches(searches: Sequence[Mapping[str, Any]]) -> str:
+    if not searches:
+        return ""
+    rows = []
+    for s in searches:
+        bound = search_bound(s["candidates"])
+        within = s["replays"] <= bound
+        rows.append(
+            f"<tr><td><code>{_e(s['victim'])}</code></td><td>{s['candidates']}</td>"
+            f"<td>{s['replays']}</td><td>{bound}</td>"
+            f'<td class="{"okc" if within else "badc"}">{"within" if within else "over"}</td></tr>'
+        )
+    return (
+        "<section><h2>Searches</h2><p class='muted'>Replays each cause search took; "
+        "a single culprit among n candidates should take at most ⌈log₂ n⌉ + 3.</p>"
+        '<table class="tests"><thead><tr><th>test</th><th>candidates</th><th>replays</th>'
+        f"<th>bound</th><th></th></tr></thead><tbody>{''.join(rows)}</tbody></table></section>"
+    )
+
+
+def _footer(summary) -> str:
+    return (
+        "<footer>Generated by <b>capsafe sweep</b>. Raw rows: records.jsonl · per test: "
+        "tests.csv · machine-readable: summary.json · history: ../history.csv</footer>"
+    )
+
+
+def _e(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>capsafe sweep report</title><style>{css}</style></head>
+<body><main>{body}</main></body></html>
+"""
+
+_CSS = """
+:root{--fg:#1f2328;--muted:#656d76;--line:#d0d7de;--bg:#f6f8fa}
+*{box-sizing:border-box}
+body{margin:0;background:var(--bg);color:var(--fg);
+ font:14px/1.45 -apple-system,BlinkMacSystemFont,"Segoe UI",Helvetica,Arial,sans-serif}
+main{max-width:1320px;margin:0 auto;padding:28px 32px 48px}
+h1{font-size:26px;margin:0 0 4px}h2{font-size:17px;margin:0 0 12px}
+section{background:#fff;border:1px solid var(--line);border-radius:10px;padding:18px 20px;
+ margin:18px 0}
+code{font:12px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;word-break:break-all}
+.muted{color:var(--muted)}
+.meta{display:flex;flex-wrap:wrap;gap:6px 18px;color:var(--muted);margin-bottom:14px}
+.verdict{display:flex;align-items:center;gap:24px;font-size:20px;font-weight:600;
+ padding:14px 18px;border-radius:10px;margin-bottom:14px;border:1px solid}
+.verdict.ok{background:#dafbe1;border-color:#aceebb;color:#116329}
+.verdict.bad{background:#ffebe9;border-color:#ffcecb;color:#a40e26}
+.trend{display:flex;align-items:center;gap:8px;font-size:12px;font-weight:400;color:var(--muted)}
+.cards{display:grid;grid-template-columns:repeat(5,1fr);gap:12px}
+.card{background:#fff;border:1px solid var(--line);border-top:4px solid var(--c);
+ border-radius:10px;padding:12px 14px}
+.card .n{font-size:28px;font-weight:700;color:var(--c)}
+.card .k{font-weight:600}.card .d{color:var(--muted);font-size:12px}
+.note{background:#fff8c5;border:1px solid #eac54f;border-radius:8px;padding:10px 14px;
+ margin:10px 0}
+table.tests{width:100%;border-collapse:collapse}
+.tests th{text-align:left;font-size:12px;color:var(--muted);font-weight:600;
+ border-bottom:1px solid var(--line);padding:6px 8px}
+.tests td{border-bottom:1px solid #eaeef2;padding:8px;vertical-align:top}
+.tests td.id{max-width:430px}
+.pill{display:inline-block;padding:1px 9px;border-radius:999px;font-size:12px;font-weight:600;
+ color:#fff;background:var(--c);white-space:nowrap}
+.rate{white-space:nowrap}.rate svg{vertical-align:middle;margin-right:6px}
+.sig{display:inline-block;font-size:11px;padding:0 7px;margin:0 4px 4px 0;border-radius:6px;
+ background:#ddf4ff;color:#0969da;border:1px solid #b6e3ff;white-space:nowrap}
+details.replay summary{font-size:12px;color:#0969da;cursor:pointer}
+details.replay code{display:block;background:var(--bg);padding:6px 8px;border-radius:6px;
+ margin-top:4px}
+details>summary{cursor:pointer;color:var(--muted);margin-top:10px}
+.heat{display:grid;gap:3px;align-items:center;overflow-x:auto}
+.hh{font-size:11px;color:var(--muted);text-align:center}
+.hl{font:12px ui-monospace,SFMono-Regular,Menlo,monospace;white-space:nowrap;overflow:hidden;
+ text-overflow:ellipsis;max-width:520px;padding-right:10px}
+.dot{display:inline-block;width:8px;height:8px;border-radius:50%;background:var(--c);
+ margin-right:6px}
+.hc{height:18px;border-radius:4px;display:inline-block;width:18px}
+.hc.pass{background:#aceebb}.hc.fail{background:#cf222e}.hc.timeout{background:#fb8f44}
+.hc.crash{background:#24292f}
+.hc.none{background:repeating-linear-gradient(45deg,#eaeef2 0 3px,#f6f8fa 3px 6px)}
+.legend{display:flex;gap:16px;margin-top:12px;font-size:12px;color:var(--muted)}
+.legend span{display:flex;align-items:center;gap:6px}.legend .hc{width:14px;height:14px}
+.pair{display:grid;grid-template-columns:1fr 120px 1fr;align-items:center;gap:10px;
+ padding:10px 12px;border-left:4px solid var(--c);background:var(--bg);border-radius:6px;
+ margin:8px 0}
+.arrow{text-align:center;font-size:22px;color:var(--c)}
+.arrow span{display:block;font-size:11px;color:var(--muted)}
+.plus{margin:0 6px;color:var(--muted)}
+td.okc{color:#1a7f37;font-weight:600}td.badc{color:#cf222e;font-weight:600}
+footer{color:var(--muted);font-size:12px;text-align:center;margin-top:24px}
+"""

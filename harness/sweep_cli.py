@@ -1,0 +1,220 @@
+"""`capsafe sweep`: the command line over harness.sweep.
+
+Arguments after `--` go to every pytest process untouched. argparse itself
+cannot tell them apart from paths (it drops the `--` and merges both into one
+list), so the sweep's parser splits them off before parsing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import random
+import sys
+from datetime import datetime
+from pathlib import Path
+
+from harness import sweep
+
+EPILOG = """\
+exit codes:
+  0    every test is pass, or listed in the --baseline quarantine file
+  1    some test is fail, flaky, order-dependent or brittle (and not quarantined)
+  2    usage error: bad option, missing path or plugin, suite that cannot run
+  130  interrupted (Ctrl-C); the report of what ran is still written
+
+classifications:
+  pass             never failed
+  fail             failed alone, in fresh processes, every time
+  flaky            failed alone only sometimes, or in the suite with no cause found
+  order-dependent  failed in the suite, never alone; its polluter is named
+  brittle          failed alone every time, passed in the suite after a named state-setter
+
+example (nightly):
+  capsafe sweep tests --runs 10 --workers 8 --out reports/$(date +%F) \\
+      --baseline quarantine.txt --budget 3600 -- -m "not slow"
+"""
+
+
+class _SweepParser(argparse.ArgumentParser):
+    """Splits everything after the first `--` into `pytest_args`."""
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        args = list(sys.argv[1:] if args is None else args)
+        passthrough: list[str] = []
+        if "--" in args:
+            cut = args.index("--")
+            args, passthrough = args[:cut], args[cut + 1 :]
+        parsed, unknown = super().parse_known_args(args, namespace)
+        parsed.pytest_args = passthrough
+        return parsed, unknown
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "sweep",
+        help="run a pytest suite many ways and classify every test",
+        description=(
+            "Run a pytest suite N times in shuffled, reproducible orders under xdist, rerun "
+            "every failing test alone, find the polluter of each order-dependent test and the "
+            "state-setter of each brittle one, and write records.jsonl, tests.csv, "
+            "summary.json, report.md and report.html into --out (history.csv and `latest` "
+            "beside it)."
+        ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.__class__ = _SweepParser  # add_parser takes no parser class of its own
+    parser.add_argument(
+        "paths", nargs="*", metavar="PATH",
+        help="test files or directories (default: the suite's testpaths, from the current "
+        "directory); pytest runs in their common parent, so the suite's own ini applies",
+    )  # fmt: skip
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=5,
+        metavar="N",
+        help="whole-suite runs, each with its own order seed (default 5)",
+    )
+    parser.add_argument(
+        "--workers", type=int, default=min(4, os.cpu_count() or 1), metavar="W",
+        help="xdist workers per run, and parallel reruns; 0 runs without xdist "
+        "(default: min(4, CPUs))",
+    )  # fmt: skip
+    parser.add_argument("--seed", type=int, default=None, metavar="S",
+                        help="sweep seed; every run's order seed derives from it "
+                        "(default: random, printed)")  # fmt: skip
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="report directory (default: reports/<timestamp>)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="SEC",
+        help="per-test timeout through pytest-timeout (default 60)",
+    )
+    parser.add_argument(
+        "--isolation-runs",
+        type=int,
+        default=3,
+        metavar="R",
+        help="fresh-process reruns of every test that failed (default 3)",
+    )
+    parser.add_argument("--neighbors", type=int, default=0, metavar="K",
+                        help="capsafe neighbour threads per test process issuing "
+                        "capture-breaking calls (default 0)")  # fmt: skip
+    parser.add_argument("--threads", type=int, default=1, metavar="T",
+                        help="run each test body in T threads at once, through "
+                        "pytest-run-parallel (default 1)")  # fmt: skip
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        metavar="SEC",
+        help="stop starting new work after SEC seconds and report what ran",
+    )
+    parser.add_argument("--baseline", type=Path, default=None, metavar="FILE",
+                        help="quarantine file: node ids (one per line, # comments) that do "
+                        "not fail the sweep")  # fmt: skip
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    parser.set_defaults(func=main, pytest_args=[])
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        options = options_from(args)
+    except sweep.SweepError as exc:
+        return _usage(str(exc))
+    print(
+        f"capsafe sweep: seed={options.seed} runs={options.runs} workers={options.workers} "
+        f"out={options.out}",
+        file=sys.stderr,
+    )
+    try:
+        result = sweep.run_sweep(options)
+    except sweep.SweepError as exc:
+        return _usage(str(exc))
+    print(f"capsafe sweep: {result.reason}", file=sys.stderr)
+    return result.exit_code
+
+
+def options_from(args: argparse.Namespace) -> sweep.SweepOptions:
+    """Validated SweepOptions; SweepError with a one-line reason for anything wrong."""
+    paths = []
+    for raw in args.paths:
+        path = Path(raw).expanduser()
+        if not path.exists():
+            raise sweep.SweepError(f"no such file or directory: {raw}")
+        paths.append(path.resolve())
+    for name, value, low in (
+        ("--runs", args.runs, 1),
+        ("--workers", args.workers, 0),
+        ("--isolation-runs", args.isolation_runs, 1),
+        ("--neighbors", args.neighbors, 0),
+        ("--threads", args.threads, 1),
+    ):
+        if value < low:
+            raise sweep.SweepError(f"{name} must be at least {low}, got {value}")
+    if args.timeout <= 0:
+        raise sweep.SweepError(f"--timeout must be positive, got {args.timeout:g}")
+    if args.budget is not None and args.budget <= 0:
+        raise sweep.SweepError(f"--budget must be positive, got {args.budget:g}")
+    for needed, module, package, why in (
+        (args.workers > 0, "xdist", "pytest-xdist", "--workers > 0; or use --workers 0"),
+        (args.threads > 1, "pytest_run_parallel", "pytest-run-parallel", "--threads > 1"),
+        (True, "pytest_timeout", "pytest-timeout", "per-test timeouts"),
+    ):
+        if needed and importlib.util.find_spec(module) is None:
+            raise sweep.SweepError(
+                f"{package} is not installed (needed for {why}): pip install 'capsafe[harness]'"
+            )
+    baseline: frozenset[str] = frozenset()
+    if args.baseline is not None:
+        try:
+            baseline = sweep.read_baseline(args.baseline)
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = getattr(exc, "strerror", None) or str(exc)
+            raise sweep.SweepError(f"cannot read --baseline {args.baseline}: {reason}") from None
+    out = args.out if args.out is not None else _default_out()
+    if out.exists() and not out.is_dir():
+        raise sweep.SweepError(f"--out {out} exists and is not a directory")
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
+    if seed < 0:
+        raise sweep.SweepError(f"--seed must be a non-negative integer, got {seed}")
+    return sweep.SweepOptions(
+        paths=tuple(paths),
+        out=out.resolve(),
+        seed=seed,
+        runs=args.runs,
+        workers=args.workers,
+        timeout=args.timeout,
+        isolation_runs=args.isolation_runs,
+        neighbors=args.neighbors,
+        threads=args.threads,
+        budget=args.budget,
+        baseline=baseline,
+        pytest_args=tuple(args.pytest_args),
+        progress=not args.no_progress,
+    )
+
+
+def _default_out() -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = Path("reports") / stamp
+    n = 1
+    while out.exists():
+        n += 1
+        out = Path("reports") / f"{stamp}-{n}"
+    return out
+
+
+def _usage(reason: str) -> int:
+    print(f"capsafe sweep: {reason}", file=sys.stderr)
+    return sweep.EXIT_USAGE
