@@ -537,16 +537,24 @@ class SimBackend(Backend):
     def _drain(self, ss: _StreamState, upto: int | None = None) -> None:
         """Run `ss`'s pending work in order, up to sequence number `upto` (all by default).
 
-        Dependencies always point at work enqueued earlier, so the recursion ends.
+        An operation first waits for its dependencies (other streams up to a
+        sequence number). Dependencies always point at work enqueued earlier, so
+        this ends; it keeps an explicit stack so long event chains cannot
+        exhaust Python's recursion limit.
         """
-        while ss.queue and (upto is None or ss.queue[0].seq <= upto):
-            op = ss.queue[0]
-            for dep_stream, dep_seq in op.deps:
-                self._drain(dep_stream, dep_seq)
-            if not ss.queue or ss.queue[0] is not op:
+        stack: list[tuple[_StreamState, int | None]] = [(ss, upto)]
+        while stack:
+            stream, limit = stack[-1]
+            if not stream.queue or (limit is not None and stream.queue[0].seq > limit):
+                stack.pop()
                 continue
-            ss.queue.popleft()
-            ss.done_seq = op.seq
+            op = stream.queue[0]
+            waiting = [(dep, seq) for dep, seq in op.deps if dep.queue and dep.queue[0].seq <= seq]
+            if waiting:
+                stack.extend(waiting)
+                continue
+            stream.queue.popleft()
+            stream.done_seq = op.seq
             op.run()
 
     def _drain_with_implicit(self, ctx: _Context, ss: _StreamState) -> bool:

@@ -18,7 +18,9 @@ Load-bearing details (each has a test in cases/test_gate*.py):
   capture do not wait on each other forever;
 - the `CaptureGuard` returned by `begin_capture` may be released from another
   thread;
-- after `os.fork` every gate in the child is fresh and unlocked.
+- after `os.fork` every gate in the child is fresh and unlocked;
+- a section that has waited `fairness_s` enters at the next capture end, ahead
+  of the next capture, so a tight capture loop cannot starve allocator threads.
 
 The uncontended shared section costs one thread-local lookup and a few
 attribute stores, no lock: each thread publishes its depth in its own record
@@ -266,8 +268,8 @@ class CaptureGate:
         if self._closed:
             self._enter_slow(rec, call)
 
-    def exit(self) -> None:
-        """Close the innermost shared section of this thread."""
+    def exit(self, *_exc: object) -> None:
+        """Close the innermost shared section of this thread (also `__exit__`)."""
         rec = self._tls.rec
         depth = rec.depth
         if depth > 1:
@@ -283,12 +285,10 @@ class CaptureGate:
         else:
             raise UsageError("capture gate: exit() without a matching enter() on this thread")
 
-    def __enter__(self) -> CaptureGate:
-        self.enter()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.exit()
+    # `with gate:` is a shared section; aliases save a Python call on the hot path
+    # (so `with gate as x` binds None).
+    __enter__ = enter
+    __exit__ = exit
 
     @contextmanager
     def shared(self, call: str | None = None) -> Iterator[None]:

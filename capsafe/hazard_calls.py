@@ -159,6 +159,16 @@ class Trial:
     vmm: tuple[MemHandle, DevicePtr]  # mapped and accessible, for the unmap action
     granularity: int
     made: list[Any] = field(default_factory=list)  # what actions created, for cleanup
+    released: set[str] = field(default_factory=set)  # setup resources an action released
+
+    def release(self, attr: str, release: Callable[[Any], Any]) -> None:
+        """Release the setup resource `attr`; once it succeeded, cleanup must not repeat it.
+
+        Releasing a handle twice is undefined behaviour in the real driver (seen on
+        the H200 as a segfault in cleanup after a successful cuStreamDestroy).
+        """
+        release(getattr(self, attr))
+        self.released.add(attr)
 
     @classmethod
     def setup(cls, backend: Backend, stream_kind: StreamKind | str) -> Trial:
@@ -201,22 +211,24 @@ class Trial:
         steps: list[Callable[[], Any]] = [b.ctx_synchronize]
         for thing in self.made:
             steps.append(lambda thing=thing: _release(b, thing, self))
-        steps += [
-            lambda: b.mem_free(self.ptr),
-            lambda: b.mem_free(self.spare_ptr),
-            lambda: b.mem_free_host(self.host),
-            lambda: b.mem_free_host(self.spare_host),
-            lambda: b.module_unload(self.module),
-            lambda: b.event_destroy(self.spare_event),
-            lambda: b.event_destroy(self.other_event),
-            lambda: b.stream_destroy(self.spare_stream),
-            lambda: b.stream_destroy(self.other_stream),
-            lambda: b.stream_destroy(self.stream),
-            lambda: b.mem_unmap(self.vmm[1], self.granularity),
-            lambda: b.mem_release(self.vmm[0]),
-            lambda: b.mem_address_free(self.vmm[1], self.granularity),
-            lambda: b.primary_ctx_release(self.device),
+        owned = [
+            ("ptr", b.mem_free),
+            ("spare_ptr", b.mem_free),
+            ("host", b.mem_free_host),
+            ("spare_host", b.mem_free_host),
+            ("module", b.module_unload),
+            ("spare_event", b.event_destroy),
+            ("other_event", b.event_destroy),
+            ("spare_stream", b.stream_destroy),
+            ("other_stream", b.stream_destroy),
+            ("stream", b.stream_destroy),
         ]
+        for attr, release in owned:
+            if attr not in self.released:
+                steps.append(lambda release=release, attr=attr: release(getattr(self, attr)))
+        if "vmm" not in self.released:
+            steps.append(lambda: _release(b, self.vmm, self))
+        steps.append(lambda: b.primary_ctx_release(self.device))
         for step in steps:
             with contextlib.suppress(CudaError):
                 step()
@@ -249,10 +261,7 @@ def _vmm_map(b: Backend, t: Trial) -> None:
 
 
 def _vmm_unmap(b: Backend, t: Trial) -> None:
-    handle, va = t.vmm
-    b.mem_unmap(va, t.granularity)
-    b.mem_release(handle)
-    b.mem_address_free(va, t.granularity)
+    t.release("vmm", lambda mapping: _release(b, mapping, t))
 
 
 def _mem_alloc_free(b: Backend, t: Trial) -> None:
@@ -268,20 +277,20 @@ def _primary_ctx_release_retain(b: Backend, t: Trial) -> None:
 ACTIONS: dict[str, Callable[[Backend, Trial], None]] = {
     "noop": lambda b, t: None,
     "mem_alloc": lambda b, t: t.made.append(b.mem_alloc(BUFFER_BYTES)),
-    "mem_free": lambda b, t: b.mem_free(t.spare_ptr),
+    "mem_free": lambda b, t: t.release("spare_ptr", b.mem_free),
     "mem_alloc_free": _mem_alloc_free,
     "mem_alloc_async_other": lambda b, t: t.made.append(
         b.mem_alloc_async(BUFFER_BYTES, t.other_stream)
     ),
     "host_alloc": lambda b, t: t.made.append(b.mem_host_alloc(BUFFER_BYTES)),
-    "host_free": lambda b, t: b.mem_free_host(t.spare_host),
+    "host_free": lambda b, t: t.release("spare_host", b.mem_free_host),
     "module_load": lambda b, t: t.made.append(b.module_load_data(NOOP_PTX)),
-    "module_unload": lambda b, t: b.module_unload(t.module),
+    "module_unload": lambda b, t: t.release("module", b.module_unload),
     "event_create": lambda b, t: t.made.append(b.event_create()),
-    "event_destroy": lambda b, t: b.event_destroy(t.spare_event),
+    "event_destroy": lambda b, t: t.release("spare_event", b.event_destroy),
     "event_sync_other": lambda b, t: b.event_synchronize(t.other_event),
     "stream_create": lambda b, t: t.made.append(b.stream_create(nonblocking=True)),
-    "stream_destroy": lambda b, t: b.stream_destroy(t.spare_stream),
+    "stream_destroy": lambda b, t: t.release("spare_stream", b.stream_destroy),
     "stream_sync_other": lambda b, t: b.stream_synchronize(t.other_stream),
     "stream_query_capturing": lambda b, t: b.stream_query(t.stream),
     "ctx_sync": lambda b, t: b.ctx_synchronize(),

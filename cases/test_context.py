@@ -138,6 +138,7 @@ def _in_fork(child) -> str:
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.filterwarnings("ignore:This process .* fork:DeprecationWarning")
 def test_forked_child_refuses_the_parents_device(sim: CountingSim) -> None:
     dev = context.device(0)
 

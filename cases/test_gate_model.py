@@ -1,4 +1,4 @@
-"""Model-based test: random interleavings of sections and captures on three real threads.
+"""Model-based test: random interleavings of sections and captures on two real threads.
 
 Each actor thread runs the commands it is sent. After every command the
 machine waits for the threads to settle and checks the gate against a small
@@ -21,8 +21,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from capsafe.gate import CaptureGate, CaptureGuard
 
 pytestmark = pytest.mark.timeout(120)
-ACTORS = 3
-SETTLE_S = 0.03
+ACTORS = 2
+SETTLE_S = 0.012
 
 
 class Actor:
@@ -188,8 +188,8 @@ class GateModel(RuleBasedStateMachine):
 
 TestGateModel = GateModel.TestCase
 TestGateModel.settings = settings(
-    max_examples=12,
-    stateful_step_count=12,
+    max_examples=15,
+    stateful_step_count=10,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )

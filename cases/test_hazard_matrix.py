@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from capsafe import hazards
+from capsafe.handles import CaptureMode, StreamKind
 from repro import hazard_matrix
 
 DATA = Path(__file__).resolve().parent.parent / "docs" / "data"
@@ -130,3 +131,21 @@ def test_docs_carry_the_current_rule_table() -> None:
     assert hazard_matrix.rules_markdown() in docs, (
         "docs/hazards.md is stale: paste `python -m repro.hazard_matrix --rules` into it"
     )
+
+
+def test_a_trial_killed_by_a_signal_is_rerun_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    answers = iter([-11, 0])
+
+    def fake_run(command, **kwargs):
+        code = next(answers)
+        row = hazard_matrix._row(
+            ("noop", "global", "blocking", "same_thread"), "CUDA_SUCCESS", "CUDA_SUCCESS"
+        )
+        out = json.dumps(row) if code == 0 else ""
+        return subprocess.CompletedProcess(command, code, stdout=out, stderr="")
+
+    monkeypatch.setattr(hazard_matrix.subprocess, "run", fake_run)
+    run = hazard_matrix._in_fresh_process("sim")
+    row = run(("noop", CaptureMode.GLOBAL, StreamKind.BLOCKING, "same_thread"))
+    assert row["reruns"] == 1 and row["call_result"] == hazards.SUCCESS
+    assert "1 trial(s) rerun" in hazard_matrix.summary_line([row], "sim", 0.0)

@@ -438,7 +438,8 @@ def test_threads_missing_the_same_key_compile_once(cache: KernelCache) -> None:
     assert not any(t.is_alive() for t in threads)
     assert compiler.calls == 1
     assert len(results) == 8 and sum(r.hit for r in results) == 7
-    assert cache.stats()["waits"] == 7
+    stats = cache.stats()  # how many waited (vs. arrived after the publish) depends on timing
+    assert (stats["compiles"], stats["hits"], stats["misses"] - stats["waits"]) == (1, 7, 1)
 
 
 def test_unknown_kind_is_a_usage_error(cache: KernelCache) -> None:

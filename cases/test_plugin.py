@@ -28,6 +28,18 @@ def rows_by_phase(directory: Path, phase: str = "call") -> list[Record]:
     return sorted(rows, key=lambda r: (r["worker"], r["index"]))
 
 
+@pytest.fixture
+def run_lean(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
+    """Subprocess runs with only this plugin and xdist loaded: other plugins' start-up
+    (and pytest-run-parallel's numpy import) would dominate these tests."""
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+
+    def run(*args: str) -> pytest.RunResult:
+        return pytester.runpytest_subprocess("-p", "xdist.plugin", "-p", "harness.plugin", *args)
+
+    return run
+
+
 def collected(pytester: pytest.Pytester, *args: str) -> list[str]:
     result = pytester.runpytest("--collect-only", "-q", "-p", "no:xdist", *args)
     return [line for line in result.outlines if "::" in line]
@@ -109,12 +121,12 @@ def test_random_is_reseeded_per_test(pytester: pytest.Pytester, tmp_path: Path):
     assert draws[0] == draws[1] != draws[2]
 
 
-def test_xdist_workers_follow_one_shuffled_order(pytester: pytest.Pytester, tmp_path: Path):
+def test_xdist_workers_follow_one_shuffled_order(
+    pytester: pytest.Pytester, tmp_path: Path, run_lean
+):
     pytester.makepyfile(**THREE_MODULES)
     plain = collected(pytester)
-    result = pytester.runpytest_subprocess(
-        "-n", "2", "--capsafe-seed=random", f"--capsafe-records={tmp_path}"
-    )
+    result = run_lean("-n", "2", "--capsafe-seed=random", f"--capsafe-records={tmp_path}")
     result.assert_outcomes(passed=len(plain))
     calls = rows_by_phase(tmp_path)
     (seed,) = {r["seed"] for r in calls}
@@ -211,24 +223,31 @@ def test_signals_come_from_failure_text_and_exception_types(
     }
 
 
-def test_crashed_worker_gets_a_crash_row(pytester: pytest.Pytester, tmp_path: Path):
+def test_crashed_worker_gets_a_crash_row(pytester: pytest.Pytester, tmp_path: Path, run_lean):
     pytester.makepyfile(test_die="import os\ndef test_ok(): pass\ndef test_die(): os._exit(1)\n")
-    result = pytester.runpytest_subprocess(
-        "-n", "1", "--capsafe-seed=0", "--capsafe-shuffle=none", f"--capsafe-records={tmp_path}"
+    result = run_lean(
+        "-n",
+        "1",
+        "--capsafe-seed=0",
+        "--capsafe-shuffle=none",
+        f"--capsafe-records={tmp_path}",
     )
     result.assert_outcomes(passed=1, failed=1)
     rows = read_records(tmp_path)
     (crash,) = [r for r in rows if "crash" in r["signals"]]
     assert crash["nodeid"] == "test_die.py::test_die" and crash["outcome"] == "failed"
     assert crash["worker"] == "gw0" and crash["index"] == 1
+    assert crash["message"].startswith("worker 'gw0' crashed while running")
     (setup,) = [r for r in rows if r["nodeid"] == crash["nodeid"] and r["phase"] == "setup"]
     assert crash["pid"] == setup["pid"] and crash["run_id"] == setup["run_id"]
 
 
-def test_neighbors_break_raw_captures_not_gated_ones(pytester: pytest.Pytester, tmp_path: Path):
+def test_neighbors_break_raw_captures_not_gated_ones(
+    pytester: pytest.Pytester, tmp_path: Path, run_lean
+):
     suite = SUITES / "capture"
-    args = ["-p", "no:xdist", f"--capsafe-records={tmp_path}", "--rootdir", str(suite)]
-    result = pytester.runpytest_subprocess(str(suite), *args, "--capsafe-neighbors=2")
+    args = [f"--capsafe-records={tmp_path}", "--rootdir", str(suite), "--capsafe-neighbors=2"]
+    result = run_lean(str(suite), *args)
     result.assert_outcomes(passed=1, failed=1)
     assert "neighbors=2" in result.stdout.str()
     assert "neighbour thread problem" not in result.stdout.str()
@@ -243,11 +262,7 @@ def test_neighbors_issue_every_capture_breaking_call_they_can():
     assert not neighbors.issued_calls() & neighbors.NOT_ISSUED.keys()
 
 
-def test_plugin_imports_nothing_heavy(
-    pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-):
-    # Only this plugin loaded (pytest-run-parallel alone imports numpy in this environment).
-    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+def test_plugin_imports_nothing_heavy(pytester: pytest.Pytester, tmp_path: Path, run_lean):
     pytester.makepyfile(
         """
         import sys
@@ -256,9 +271,7 @@ def test_plugin_imports_nothing_heavy(
             assert not heavy, heavy
         """
     )
-    result = pytester.runpytest_subprocess(
-        "-p", "harness.plugin", "--capsafe-seed=1", f"--capsafe-records={tmp_path}"
-    )
+    result = run_lean("-n", "0", "--capsafe-seed=1", f"--capsafe-records={tmp_path}")
     result.assert_outcomes(passed=1)
     assert len(read_records(tmp_path)) == 3
 

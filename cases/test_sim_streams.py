@@ -259,3 +259,21 @@ def test_the_legacy_stream_waits_for_blocking_streams_only(sim_backend: SimBacke
     b.memset_d8_async(ptr_n, 4, 8, nonblocking)
     b.stream_synchronize(LEGACY_STREAM)
     assert (read(b, ptr_b, 8), read(b, ptr_n, 8)) == (bytes([3]) * 8, bytes([2]) * 8)
+
+
+def test_a_long_chain_of_stream_waits_runs_in_order(sim_backend: SimBackend) -> None:
+    b = sim_backend
+    ptr = b.mem_alloc(1)
+    previous = None
+    streams = []
+    for value in range(1, 1501):  # deeper than Python's default recursion limit
+        stream = b.stream_create(nonblocking=value % 2 == 0)
+        if previous is not None:
+            b.stream_wait_event(stream, previous)
+        b.memset_d8_async(ptr, value % 256, 1, stream)
+        previous = b.event_create()
+        b.event_record(previous, stream)
+        streams.append(stream)
+    b.stream_synchronize(streams[-1])
+    assert read(b, ptr, 1) == bytes([1500 % 256])
+    assert all(b.stream_query(s) for s in streams)

@@ -257,6 +257,12 @@ def _message(report: pytest.TestReport) -> str:
     return text[:MESSAGE_LIMIT]
 
 
+def _crash_line(text: str) -> str:
+    """xdist's "worker 'gwN' crashed while running ..." line, without its platform header."""
+    lines = [line for line in text.splitlines() if CRASH_MARK in line]
+    return (lines[-1] if lines else text)[:MESSAGE_LIMIT]
+
+
 class CapsafeRun:
     """Per-run state and per-test hooks, registered only when a capsafe option is given."""
 
@@ -267,6 +273,8 @@ class CapsafeRun:
         self.worker = workerinput["workerid"] if workerinput else "main"
         self.writer: RecordWriter | None = None
         self.index = -1
+        self.test_seed = 0
+        self.pid = os.getpid()
         self.env_before: dict[Any, Any] = {}
         self.exc_names: dict[tuple[str, str], tuple[str, ...]] = {}
         self.neighbors: Any = None
@@ -334,21 +342,23 @@ class CapsafeRun:
         elif settings.seed is not None and settings.shuffle != "none":
             items[:] = order.shuffled(items, settings.seed, settings.shuffle, lambda i: i.nodeid)
 
-    def _reseed(self, item: pytest.Item) -> None:
-        if self.settings.seed is not None:
-            random.seed(order.per_test_seed(self.settings.seed, item.nodeid))
-
+    # `random` restarts from the same (seed, node id) state before each phase, as in
+    # pytest-randomly, so a seeded failure repeats whatever ran before it.
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
-        self._reseed(item)
+        if self.settings.seed is not None:
+            self.test_seed = order.per_test_seed(self.settings.seed, item.nodeid)
+            random.seed(self.test_seed)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_call(self, item: pytest.Item) -> None:
-        self._reseed(item)
+        if self.settings.seed is not None:
+            random.seed(self.test_seed)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_teardown(self, item: pytest.Item) -> None:
-        self._reseed(item)
+        if self.settings.seed is not None:
+            random.seed(self.test_seed)
 
     # -- records --------------------------------------------------------------
     def pytest_runtest_logstart(self, nodeid: str) -> None:
@@ -388,7 +398,7 @@ class CapsafeRun:
             "seed": self.settings.seed,
             "worker": self.worker,
             "index": self.index,
-            "pid": os.getpid(),
+            "pid": self.pid,
             "signals": signals,
             "message": message,
             "time": time.time(),
@@ -423,7 +433,7 @@ class CapsafeRun:
             "index": index,
             "pid": self._worker_pid(worker),
             "signals": ["crash"],
-            "message": report.longreprtext[:MESSAGE_LIMIT],
+            "message": _crash_line(report.longreprtext),
             "time": time.time(),
         }
         if self.writer is None:

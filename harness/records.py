@@ -49,9 +49,12 @@ class Record(TypedDict):
 _REQUIRED = tuple(k for k in Record.__annotations__ if k != "env_leak")
 
 
+_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
 def to_json(record: Record) -> str:
     """One line of JSON (no newline) for `record`."""
-    return json.dumps(record, separators=(",", ":"), ensure_ascii=False)
+    return _encode(record)
 
 
 def from_json(line: str) -> Record:

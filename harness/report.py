@@ -312,7 +312,7 @@ def _row(t, rates: list[float]) -> str:
         f'<td class="rate">{_rate_bar(t["flake_rate"], lo, hi)}'
         f"<span>{t['failures']}/{t['runs']} · {_pct(t['flake_rate'])} "
         f'<span class="muted">[{_pct(lo)}–{_pct(hi)}]</span></span></td>'
-        f"<td>{alone}</td><td>{cause}</td><td>{signals}</td>"
+        f'<td class="nw">{alone}</td><td class="cause">{cause}</td><td>{signals}</td>'
         f"<td>{_sparkline(rates) if len(rates) > 1 else ''}</td></tr>"
     )
 
@@ -466,7 +466,7 @@ main{max-width:1320px;margin:0 auto;padding:28px 32px 48px}
 h1{font-size:26px;margin:0 0 4px}h2{font-size:17px;margin:0 0 12px}
 section{background:#fff;border:1px solid var(--line);border-radius:10px;padding:18px 20px;
  margin:18px 0}
-code{font:12px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;word-break:break-all}
+code{font:12px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;overflow-wrap:anywhere}
 .muted{color:var(--muted)}
 .meta{display:flex;flex-wrap:wrap;gap:6px 18px;color:var(--muted);margin-bottom:14px}
 .verdict{display:flex;align-items:center;gap:24px;font-size:20px;font-weight:600;
@@ -485,7 +485,7 @@ table.tests{width:100%;border-collapse:collapse}
 .tests th{text-align:left;font-size:12px;color:var(--muted);font-weight:600;
  border-bottom:1px solid var(--line);padding:6px 8px}
 .tests td{border-bottom:1px solid #eaeef2;padding:8px;vertical-align:top}
-.tests td.id{max-width:430px}
+.tests td.id{min-width:300px}.tests td.cause{min-width:190px}.tests td.nw{white-space:nowrap}
 .pill{display:inline-block;padding:1px 9px;border-radius:999px;font-size:12px;font-weight:600;
  color:#fff;background:var(--c);white-space:nowrap}
 .rate{white-space:nowrap}.rate svg{vertical-align:middle;margin-right:6px}

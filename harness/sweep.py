@@ -120,11 +120,16 @@ class _Evidence:
 
 
 def run_seeds(seed: int, count: int, kind: str = "run") -> list[int]:
-    """Seeds derived from the sweep seed, one per run (or per isolation rerun: kind)."""
-    return [
+    """Seeds derived from the sweep seed, one per run (or per isolation rerun: kind).
+
+    The first run uses the sweep seed itself, so `pytest -p capsafe --capsafe-seed S`
+    (with the same workers) reproduces run 1's order without the sweep.
+    """
+    derived = [
         int.from_bytes(hashlib.sha256(f"capsafe-{kind}:{seed}:{k}".encode()).digest()[:4], "big")
         for k in range(1, count + 1)
     ]
+    return [seed, *derived[1:]] if kind == "run" and derived else derived
 
 
 def suite_root(paths: Sequence[Path]) -> Path:
@@ -513,7 +518,8 @@ class Sweep:
         as they finish; stops starting jobs when the budget is spent."""
         if not jobs:
             return
-        width = max(1, self.options.workers)
+        # Reruns are single-process: without xdist still use a few cores for them.
+        width = self.options.workers or min(4, os.cpu_count() or 1)
         skipped = 0
         with (
             self._bar(len(jobs), desc) as bar,
