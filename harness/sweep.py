@@ -41,6 +41,12 @@ from harness.records import Record, read_records
 
 SWEEP_TMP_ENV = "CAPSAFE_SWEEP_TMP"
 """Set for every test process: a fresh empty directory of its own, removed afterwards."""
+SWEEP_SHARED_ENV = "CAPSAFE_SWEEP_SHARED"
+"""Set for every test process: one directory shared by all processes of this sweep.
+
+For suites that keep state across processes on purpose (the planted flaky suite
+counts its invocations there, so its nondeterminism is the same in every sweep).
+"""
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 PYTEST_NO_RUN = (2, 3, 4, 5)  # interrupted, internal error, usage error, no tests collected
@@ -146,6 +152,8 @@ class Runner:
     def __init__(self, options: SweepOptions, raw: Path) -> None:
         self.options = options
         self.raw = raw
+        self.shared = raw / "shared"
+        self.shared.mkdir(parents=True, exist_ok=True)
         self.cwd = suite_root(options.paths)
         self.stopping = threading.Event()
         self._live: set[subprocess.Popen[bytes]] = set()
@@ -213,7 +221,7 @@ class Runner:
         records.mkdir(parents=True, exist_ok=True)
         log = self.raw / f"{label}.log"
         scratch = tempfile.mkdtemp(prefix=f"capsafe-{label}-")
-        env = {**os.environ, SWEEP_TMP_ENV: scratch}
+        env = {**os.environ, SWEEP_TMP_ENV: scratch, SWEEP_SHARED_ENV: str(self.shared)}
         stalled = interrupted = False
         try:
             with open(log, "wb") as out:
