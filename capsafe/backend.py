@@ -171,15 +171,15 @@ class Backend(abc.ABC):
     def memcpy_htod_async(self, dst: DevicePtr, src: Any, stream: Stream) -> None: ...
 
     @abc.abstractmethod
-    def memcpy_dtoh_async(self, dst: Any, src: DevicePtr, stream: Stream,
-                          size: int | None = None) -> None: ...
+    def memcpy_dtoh_async(
+        self, dst: Any, src: DevicePtr, stream: Stream, size: int | None = None
+    ) -> None: ...
 
     @abc.abstractmethod
     def memset_d8(self, ptr: DevicePtr, value: int, count: int) -> None: ...
 
     @abc.abstractmethod
-    def memset_d8_async(self, ptr: DevicePtr, value: int, count: int,
-                        stream: Stream) -> None: ...
+    def memset_d8_async(self, ptr: DevicePtr, value: int, count: int, stream: Stream) -> None: ...
 
     # -- modules and kernels ------------------------------------------------
     @abc.abstractmethod
@@ -193,9 +193,15 @@ class Backend(abc.ABC):
     def module_unload(self, module: Module) -> None: ...
 
     @abc.abstractmethod
-    def launch_kernel(self, function: Function, grid: Dim3, block: Dim3,
-                      args: Sequence[KernelArg], stream: Stream,
-                      shared_mem: int = 0) -> None: ...
+    def launch_kernel(
+        self,
+        function: Function,
+        grid: Dim3,
+        block: Dim3,
+        args: Sequence[KernelArg],
+        stream: Stream,
+        shared_mem: int = 0,
+    ) -> None: ...
 
     # -- virtual memory management -----------------------------------------
     @abc.abstractmethod

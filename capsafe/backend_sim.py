@@ -57,7 +57,7 @@ MIB = 1 << 20
 # -- calibration: what an H200 with driver 580 (CUDA 13.0) reports ----------
 DEVICE_NAME = "NVIDIA H200 (simulated)"
 DRIVER_VERSION = 13000
-TOTAL_MEMORY = 143771 * MIB
+TOTAL_MEMORY = 150_109_880_320  # cuMemGetInfo total on the H200, driver 580.159.04 (2026-11-29)
 ALLOCATION_GRANULARITY = 2 * MIB
 #: Newest PTX ISA each driver version JIT-compiles (PTX ISA 9.0 shipped with CUDA 13.0).
 MAX_PTX_ISA = (9, 0)

@@ -76,15 +76,29 @@ class Rule:
 
 
 def _rule(name, calls, result, why, modes=MODES, streams=CAPTURE_STREAMS, callers=CALLERS):
-    return Rule(name, frozenset(calls), frozenset(modes), frozenset(streams), frozenset(callers),
-                result, why)
+    return Rule(
+        name,
+        frozenset(calls),
+        frozenset(modes),
+        frozenset(streams),
+        frozenset(callers),
+        result,
+        why,
+    )
 
 
 #: Allocation and synchronization that GLOBAL mode forbids from any thread and
 #: THREAD_LOCAL forbids from the capturing thread; RELAXED allows them.
 ALLOCATOR_CALLS = (
-    "mem_alloc", "mem_free", "mem_alloc_free", "mem_alloc_async_other", "host_alloc",
-    "host_free", "module_unload", "event_sync_other", "stream_sync_other",
+    "mem_alloc",
+    "mem_free",
+    "mem_alloc_free",
+    "mem_alloc_async_other",
+    "host_alloc",
+    "host_free",
+    "module_unload",
+    "event_sync_other",
+    "stream_sync_other",
 )
 #: Calls that break every capture, in every mode, from any thread.
 ALWAYS_CALLS = ("ctx_sync", "stream_query_capturing")
@@ -92,17 +106,31 @@ ALWAYS_CALLS = ("ctx_sync", "stream_query_capturing")
 LEGACY_STREAM_CALLS = ("memcpy_htod", "memcpy_dtoh", "memset_sync", "memset_async_legacy")
 
 RULES: tuple[Rule, ...] = (
-    _rule("always", ALWAYS_CALLS, UNSUPPORTED,
-          "waits on the device or on the capturing stream itself"),
-    _rule("global-any-thread", ALLOCATOR_CALLS, UNSUPPORTED,
-          "GLOBAL mode forbids potentially-synchronizing calls from every thread",
-          modes=(CaptureMode.GLOBAL,)),
-    _rule("thread-local-same-thread", ALLOCATOR_CALLS, UNSUPPORTED,
-          "THREAD_LOCAL forbids them on the capturing thread only",
-          modes=(CaptureMode.THREAD_LOCAL,), callers=(SAME_THREAD,)),
-    _rule("legacy-implicit", LEGACY_STREAM_CALLS, IMPLICIT,
-          "legacy-stream work implicitly joins a blocking capture stream",
-          streams=(StreamKind.BLOCKING,)),
+    _rule(
+        "always", ALWAYS_CALLS, UNSUPPORTED, "waits on the device or on the capturing stream itself"
+    ),
+    _rule(
+        "global-any-thread",
+        ALLOCATOR_CALLS,
+        UNSUPPORTED,
+        "GLOBAL mode forbids potentially-synchronizing calls from every thread",
+        modes=(CaptureMode.GLOBAL,),
+    ),
+    _rule(
+        "thread-local-same-thread",
+        ALLOCATOR_CALLS,
+        UNSUPPORTED,
+        "THREAD_LOCAL forbids them on the capturing thread only",
+        modes=(CaptureMode.THREAD_LOCAL,),
+        callers=(SAME_THREAD,),
+    ),
+    _rule(
+        "legacy-implicit",
+        LEGACY_STREAM_CALLS,
+        IMPLICIT,
+        "legacy-stream work implicitly joins a blocking capture stream",
+        streams=(StreamKind.BLOCKING,),
+    ),
 )
 
 # Every rule names known calls; a typo here would silently make a call "safe".
@@ -119,21 +147,25 @@ class Outcome:
         return self.end_capture != SUCCESS
 
 
-def rule_for(call: str, mode: CaptureMode | str, stream: StreamKind | str,
-             caller: str) -> Rule | None:
+def rule_for(
+    call: str, mode: CaptureMode | str, stream: StreamKind | str, caller: str
+) -> Rule | None:
     """The rule that makes `call` fail in this cell, or None when the call is safe there."""
     if call not in CALLS:
         raise KeyError(f"unknown call {call!r}; known: {', '.join(CALLS)}")
     mode, stream = CaptureMode.parse(mode), StreamKind(stream)
     for rule in RULES:
-        if (call in rule.calls and mode in rule.modes and stream in rule.streams
-                and caller in rule.callers):
+        if (
+            call in rule.calls
+            and mode in rule.modes
+            and stream in rule.streams
+            and caller in rule.callers
+        ):
             return rule
     return None
 
 
-def expected(call: str, mode: CaptureMode | str, stream: StreamKind | str,
-             caller: str) -> Outcome:
+def expected(call: str, mode: CaptureMode | str, stream: StreamKind | str, caller: str) -> Outcome:
     """What the table predicts for one cell of the hazard matrix."""
     rule = rule_for(call, mode, stream, caller)
     if rule is None:

@@ -32,10 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from capsafe.config import DEFAULT_KERNEL_CACHE_MAX_BYTES, RuntimeConfig, runtime_config
 from capsafe.errors import UsageError
 
 FORMAT_VERSION = 1
-DEFAULT_MAX_BYTES = 256 * 1024 * 1024
+DEFAULT_MAX_BYTES = DEFAULT_KERNEL_CACHE_MAX_BYTES
 KINDS = {"ptx": 1, "cubin": 2}
 MAGIC = b"CSKC"
 # magic, format version, kind, meta length, payload length, compile seconds, key, checksum
@@ -108,23 +109,12 @@ def default_directory(environ: Mapping[str, str] | None = None) -> Path:
 
 
 def settings_from_env(environ: Mapping[str, str] | None = None) -> CacheSettings:
-    """The one place that reads CAPSAFE_KERNEL_CACHE* from the environment."""
-    env = os.environ if environ is None else environ
-    enabled_text = env.get("CAPSAFE_KERNEL_CACHE", "1").strip().lower()
-    if enabled_text not in ("0", "1", "false", "true", "no", "yes", "off", "on", ""):
-        raise UsageError(f"CAPSAFE_KERNEL_CACHE={enabled_text!r} is not 1 or 0")
-    budget_text = env.get("CAPSAFE_KERNEL_CACHE_MAX_BYTES", "").strip()
-    try:
-        max_bytes = int(budget_text) if budget_text else DEFAULT_MAX_BYTES
-    except ValueError:
-        max_bytes = -1
-    if max_bytes < 0:
-        raise UsageError(
-            f"CAPSAFE_KERNEL_CACHE_MAX_BYTES={budget_text!r} is not a byte count (0 = unbounded)"
-        )
-    override = env.get("CAPSAFE_KERNEL_CACHE_DIR", "").strip()
-    directory = Path(override).expanduser() if override else default_directory(env)
-    return CacheSettings(directory, max_bytes, enabled_text not in ("0", "false", "no", "off"))
+    """Cache settings from the frozen runtime config (or from `environ`, for tests and tools)."""
+    config = runtime_config() if environ is None else RuntimeConfig.from_environ(environ)
+    directory = config.kernel_cache_dir or default_directory(environ)
+    return CacheSettings(
+        directory.expanduser(), config.kernel_cache_max_bytes, config.kernel_cache_enabled
+    )
 
 
 _default: KernelCache | None = None

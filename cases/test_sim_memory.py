@@ -110,7 +110,7 @@ def test_zero_and_negative_sizes_are_refused(sim_backend: SimBackend) -> None:
 def test_mem_get_info_follows_allocations_and_oom(sim_backend: SimBackend) -> None:
     b = sim_backend
     free0, total = b.mem_get_info()
-    assert total == TOTAL_MEMORY == 143771 << 20
+    assert total == TOTAL_MEMORY == 150_109_880_320
     assert free0 == total
     big = b.mem_alloc(100 << 30)  # lazily backed: costs nothing on the host
     assert b.mem_get_info()[0] == free0 - (100 << 30)

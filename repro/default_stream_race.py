@@ -1,10 +1,12 @@
 """A readback on the legacy default stream races a fill on a non-blocking stream.
 
-Each trial fills a device buffer with a new byte value on a non-blocking stream
-(cuMemsetD8Async) and immediately reads the whole buffer back with a synchronous
-copy (cuMemcpyDtoH). A synchronous copy runs on the legacy default stream, and
-the legacy stream does not wait for non-blocking streams, so the copy may see
-bytes from before the fill. No call fails: the test just gets wrong data, and
+Each trial queues earlier work on a non-blocking stream (fills of a scratch
+buffer, standing in for the kernels a previous test left running), then fills a
+device buffer with a new byte value on that stream (cuMemsetD8Async) and
+immediately reads the whole buffer back with a synchronous copy (cuMemcpyDtoH).
+A synchronous copy runs on the legacy default stream, and the legacy stream
+does not wait for non-blocking streams, so the copy may see bytes from before
+the fill. No call fails: the test just gets wrong data, and
 only when nothing else happened to synchronize in between.
 
 Then the same trials go through capsafe.streams.TestStream, where the fill and
@@ -21,6 +23,7 @@ from typing import Any
 from repro.cli import device_facts, finish, reproducer_parser, run_main, select_backend
 
 MIB = 1024 * 1024
+BUSY_FILLS = 4  # fills of the scratch buffer queued ahead of each trial's fill
 
 
 def trial_value(trial: int) -> int:
@@ -32,13 +35,14 @@ def count_stale(data: bytes | bytearray, value: int) -> int:
     return len(data) - data.count(value)
 
 
-def unsynchronized(trials: int, size: int) -> list[int]:
+def unsynchronized(trials: int, size: int, busy: int) -> list[int]:
     """Stale bytes per trial: fill on a non-blocking stream, read on the legacy stream."""
     from capsafe.context import device
 
     backend = device(0).backend
     stream = backend.stream_create(nonblocking=True)
     ptr = backend.mem_alloc(size)
+    scratch = backend.mem_alloc(busy)
     host = bytearray(size)
     stale = []
     try:
@@ -46,6 +50,8 @@ def unsynchronized(trials: int, size: int) -> list[int]:
         backend.ctx_synchronize()
         for trial in range(trials):
             value = trial_value(trial)
+            for _ in range(BUSY_FILLS):
+                backend.memset_d8_async(scratch, value, busy, stream)
             backend.memset_d8_async(ptr, value, size, stream)
             backend.memcpy_dtoh(host, ptr, size)  # legacy stream: does not wait for `stream`
             stale.append(count_stale(host, value))
@@ -53,20 +59,24 @@ def unsynchronized(trials: int, size: int) -> list[int]:
     finally:
         backend.stream_synchronize(stream)
         backend.mem_free(ptr)
+        backend.mem_free(scratch)
         backend.stream_destroy(stream)
     return stale
 
 
-def through_test_stream(trials: int, size: int) -> list[int]:
-    """Stale bytes per trial when the fill and the read share one TestStream."""
+def through_test_stream(trials: int, size: int, busy: int) -> list[int]:
+    """Stale bytes per trial when the same work and the read share one TestStream."""
     from capsafe.streams import TestStream
 
     stale = []
     with TestStream() as ts:
         ptr = ts.alloc(size)
+        scratch = ts.alloc(busy)
         ts.fill(ptr, 0)
         for trial in range(trials):
             value = trial_value(trial)
+            for _ in range(BUSY_FILLS):
+                ts.fill(scratch, value)
             ts.fill(ptr, value)
             stale.append(count_stale(ts.read(ptr), value))
     return stale
@@ -93,23 +103,37 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="buffer size in MiB (default: 64 on a GPU, 1 on the simulated device)",
     )
+    parser.add_argument(
+        "--busy-mib",
+        type=int,
+        default=None,
+        help="scratch buffer filled 4 times ahead of each trial's fill, so the stream is "
+        "still busy when the read starts (default: 1024 on a GPU, 1 on the simulated device)",
+    )
     args = parser.parse_args(argv)
-    if args.trials < 1 or (args.size_mib is not None and args.size_mib < 1):
-        parser.error("--trials and --size-mib must be at least 1")
+    for name in ("size_mib", "busy_mib"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.trials < 1:
+        parser.error("--trials must be at least 1")
     select_backend(args.backend)
     facts = device_facts()
     on_gpu = facts["backend"].startswith("cuda")
     size = (args.size_mib or (64 if on_gpu else 1)) * MIB
+    busy = (args.busy_mib or (1024 if on_gpu else 1)) * MIB
 
     print(f"backend: {facts['backend']}; device: {facts['device']}")
-    print(f"{args.trials} trials, {size // MIB} MiB filled and read back per trial\n")
-    racy = summarize(unsynchronized(args.trials, size), size)
+    print(
+        f"{args.trials} trials, {size // MIB} MiB filled and read back per trial, "
+        f"behind {BUSY_FILLS} fills of {busy // MIB} MiB already queued on the stream\n"
+    )
+    racy = summarize(unsynchronized(args.trials, size, busy), size)
     print(
         "fill on a non-blocking stream, read on the legacy default stream, no synchronize:\n"
         f"  {racy['stale_trials']} of {racy['trials']} trials read stale data, "
         f"{racy['stale_bytes']} stale bytes in all (rate {racy['stale_trial_rate']:.1%})"
     )
-    safe = summarize(through_test_stream(args.trials, size), size)
+    safe = summarize(through_test_stream(args.trials, size, busy), size)
     print(
         "the same through TestStream (one stream, read synchronizes):\n"
         f"  {safe['stale_trials']} of {safe['trials']} trials read stale data, "

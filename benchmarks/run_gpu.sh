@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Everything that needs a real GPU, in one go: the `cuda` tests, the reproducers,
+# the GPU benchmarks and the capture sweep on the real backend. Logs and JSON go
+# to $OUT (default reports/gpu); the last lines of each log are the numbers that
+# docs/ quotes. Run from the repository root:  OUT=reports/gpu bash benchmarks/run_gpu.sh
+set -uo pipefail
+OUT=${OUT:-reports/gpu}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export CAPSAFE_KERNEL_CACHE_DIR=${CAPSAFE_KERNEL_CACHE_DIR:-$(mktemp -d)}
+PY=${PYTHON:-python3}
+failed=()
+
+step() {  # step NAME COMMAND...: run, log to $OUT/NAME.log, remember failures
+    local name=$1; shift
+    echo "=== $name: $*"
+    if ! timeout 300 "$@" >"$OUT/$name.log" 2>&1; then failed+=("$name"); fi
+    tail -n 4 "$OUT/$name.log"
+}
+
+{
+    date -u +%Y-%m-%dT%H:%MZ
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+    $PY -c 'import sys, cuda.bindings; print("python", sys.version.split()[0], "cuda-bindings", cuda.bindings.__version__)'
+    $PY -c 'from capsafe import backend_cuda as b; print("nvrtc", b.nvrtc_version())'
+} | tee "$OUT/machine.txt"
+
+export CAPSAFE_BACKEND=${BACKEND:-cuda}  # BACKEND=sim dry-runs this script without a GPU
+step cuda_tests $PY -m pytest -m cuda -q -p no:cacheprovider -p no:randomly cases
+step hazard_matrix $PY -m repro.hazard_matrix --backend "$CAPSAFE_BACKEND" --compare --json "$OUT/hazard_matrix.jsonl"
+step capture_race_off $PY -m repro.capture_race --backend "$CAPSAFE_BACKEND" --mode global --gate off --threads 4 --seconds 2 --json "$OUT/capture_race_off.json"
+step capture_race_on $PY -m repro.capture_race --backend "$CAPSAFE_BACKEND" --mode global --gate on --threads 4 --seconds 2 --json "$OUT/capture_race_on.json"
+step capture_race_hazards $PY -m repro.capture_race --backend "$CAPSAFE_BACKEND" --mode global --gate on --threads 4 --seconds 2 --hazards --json "$OUT/capture_race_hazards.json"
+step default_stream_race $PY -m repro.default_stream_race --backend "$CAPSAFE_BACKEND" --json "$OUT/default_stream_race.json"
+step frozen_config $PY -m repro.frozen_config --backend "$CAPSAFE_BACKEND" --json "$OUT/frozen_config.json"
+step context_warmup $PY -m repro.context_warmup --backend "$CAPSAFE_BACKEND" --json "$OUT/context_warmup.json"
+step bench_gate $PY benchmarks/gate.py
+step bench_kernel_cache_gpu $PY benchmarks/kernel_cache_gpu.py
+# The capture suite holds a planted failure, so this sweep's own exit code is 1 when it works.
+step sweep_capture bash -c 'capsafe sweep repro/suites/capture --runs 2 --workers 2 --seed 3 \
+    --isolation-runs 2 --neighbors 2 --timeout 20 --no-progress --out "$0/sweep_capture"; [ $? -le 1 ]' "$OUT"
+
+echo "failed steps: ${failed[*]:-none}" | tee "$OUT/failed.txt"
+[ ${#failed[@]} -eq 0 ]
