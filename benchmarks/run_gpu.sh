@@ -26,7 +26,7 @@ step() {  # step NAME COMMAND...: run, log to $OUT/NAME.log, remember failures
 } | tee "$OUT/machine.txt"
 
 export CAPSAFE_BACKEND=${BACKEND:-cuda}  # BACKEND=sim dry-runs this script without a GPU
-step cuda_tests $PY -m pytest -m cuda -q -p no:cacheprovider -p no:randomly cases
+step cuda_tests $PY -m pytest -m cuda -q -rA -p no:cacheprovider -p no:randomly cases
 step hazard_matrix $PY -m repro.hazard_matrix --backend "$CAPSAFE_BACKEND" --compare --json "$OUT/hazard_matrix.jsonl"
 step capture_race_off $PY -m repro.capture_race --backend "$CAPSAFE_BACKEND" --mode global --gate off --threads 4 --seconds 2 --json "$OUT/capture_race_off.json"
 step capture_race_on $PY -m repro.capture_race --backend "$CAPSAFE_BACKEND" --mode global --gate on --threads 4 --seconds 2 --json "$OUT/capture_race_on.json"

@@ -1,7 +1,8 @@
 """capsafe: CUDA-graph capture hazards made impossible by construction.
 
-The public names are re-exported here as their modules land; import from the
-modules directly for everything else.
+The names most code needs; everything else lives in its own module
+(`capsafe.driver`, `capsafe.nvrtc`, `capsafe.kernel_cache`, `capsafe.hazards`).
+Importing capsafe loads no CUDA library: the driver is opened on first use.
 """
 
 from capsafe.capture import Capture, capture
