@@ -166,6 +166,12 @@ SLOW = """
 """
 
 
+def _default_sigint() -> None:
+    # Children inherit an ignored SIGINT (a shell's background job, or a parent sweep
+    # launched that way), and Python then never raises KeyboardInterrupt: restore it.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_writes_the_partial_report_and_exits_130(tmp_path):
     suite = make_suite(tmp_path / "suite", test_slow=SLOW)
     out = tmp_path / "out"
@@ -173,6 +179,7 @@ def test_ctrl_c_writes_the_partial_report_and_exits_130(tmp_path):
         [sys.executable, "-m", "capsafe.cli", "sweep", "--no-progress", str(suite),
          "--runs", "3", "--workers", "0", "--out", str(out), *FAST],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=_default_sigint,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 30
