@@ -34,6 +34,7 @@ from capsafe.backend_cuda import bindings_version, unavailable_reason
 from capsafe.context import CudaDevice
 from capsafe.errors import BackendUnavailable, CapsafeError
 from capsafe.handles import CaptureMode, StreamKind
+from repro.cli import run_main
 
 KEYS = ("call", "mode", "stream", "caller", "call_result", "end_capture")
 TRIAL_TIMEOUT_S = 120.0
@@ -412,4 +413,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "repro.hazard_matrix"))
