@@ -14,7 +14,7 @@ import pytest
 
 from capsafe import driver, hazards
 from capsafe.backend import Backend
-from capsafe.capture import Capture, capture
+from capsafe.capturing import Capture, capture
 from capsafe.driver import GatedDriver
 from capsafe.errors import CaptureInvalidated, CudaError
 from capsafe.gate import CaptureGate

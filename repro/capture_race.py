@@ -145,7 +145,7 @@ def capture_loop(
     drv: Any, stream: Any, mode: str, seconds: float, tally: Tally, start: float
 ) -> None:
     """Capture until `seconds` have passed; count what happened to each capture."""
-    from capsafe.capture import Capture
+    from capsafe.capturing import Capture
     from capsafe.errors import CaptureInvalidated, CudaError
 
     buf = drv.mem_alloc(BUFFER_BYTES)

@@ -11,9 +11,6 @@ in between, and teardown this thread requests inside the block runs after it.
 When the capture was invalidated anyway, leaving raises `CaptureInvalidated`
 naming the stream, mode, how long the window was open and the driver activity
 the facade saw during it.
-
-(`capsafe.capture` the function shadows this module as an attribute of the
-package; import the module's other names with `from capsafe.capture import ...`.)
 """
 
 from __future__ import annotations
