@@ -21,6 +21,7 @@ import ctypes
 from collections.abc import Sequence
 from typing import Any
 
+from capsafe.errors import UsageError
 from capsafe.handles import (
     CaptureMode,
     CaptureStatus,
@@ -39,6 +40,40 @@ from capsafe.handles import (
 
 KernelArg = DevicePtr | ctypes._SimpleCData
 Dim3 = tuple[int, int, int]
+
+ELF_MAGIC = b"\x7fELF"  # a CUBIN
+FATBIN_MAGIC = b"\x50\xed\x55\xba"  # 0xba55ed50, little endian
+
+
+def is_binary_image(image: bytes) -> bool:
+    """A CUBIN or fatbin, as opposed to PTX text (which the driver reads as a C string)."""
+    return image.startswith((ELF_MAGIC, FATBIN_MAGIC))
+
+
+def host_view(buffer: Any, *, writable: bool) -> memoryview:
+    """A flat byte view of a host buffer, checked before the driver sees it.
+
+    Both backends refuse the same mistakes with the same one-line message.
+    """
+    try:
+        view = memoryview(buffer).cast("B")
+    except TypeError as exc:
+        raise UsageError(f"host memory must be a C-contiguous buffer ({exc})") from None
+    if writable and view.readonly:
+        raise UsageError(f"the destination {type(buffer).__name__} is read-only")
+    return view
+
+
+def check_kernel_args(args: Sequence[Any]) -> list[KernelArg]:
+    """The launch arguments as a list, after refusing anything but DevicePtr and ctypes scalars."""
+    out = list(args)
+    for index, arg in enumerate(out):
+        if not isinstance(arg, DevicePtr | ctypes._SimpleCData):
+            raise UsageError(
+                f"kernel argument {index} is a {type(arg).__name__}; "
+                "pass a DevicePtr or a ctypes scalar such as ctypes.c_int(3)"
+            )
+    return out
 
 
 class Backend(abc.ABC):

@@ -14,7 +14,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from capsafe.backend import Backend, Dim3, KernelArg
+from capsafe.backend import (
+    Backend,
+    Dim3,
+    KernelArg,
+    check_kernel_args,
+    host_view,
+    is_binary_image,
+)
 from capsafe.errors import CapsafeError, UsageError, cuda_error
 from capsafe.handles import (
     CaptureMode,
@@ -86,19 +93,6 @@ _CAPTURE_STATUS = {
     "CU_STREAM_CAPTURE_STATUS_ACTIVE": CaptureStatus.ACTIVE,
     "CU_STREAM_CAPTURE_STATUS_INVALIDATED": CaptureStatus.INVALIDATED,
 }
-_ELF_MAGIC = b"\x7fELF"
-_FATBIN_MAGIC = b"\x50\xed\x55\xba"  # 0xba55ed50, little endian
-
-
-def _host_view(buffer: Any, *, writable: bool) -> memoryview:
-    """A flat byte view of a host buffer, checked before the driver sees it."""
-    try:
-        view = memoryview(buffer).cast("B")
-    except TypeError as exc:
-        raise UsageError(f"host memory must be a C-contiguous buffer ({exc})") from None
-    if writable and view.readonly:
-        raise UsageError(f"the destination {type(buffer).__name__} is read-only")
-    return view
 
 
 def _host_arg(view: memoryview) -> Any:
@@ -112,17 +106,10 @@ class _KernelParams:
     """The void** array cuLaunchKernel reads, plus the storage it points into."""
 
     def __init__(self, args: Sequence[KernelArg]) -> None:
-        self.storage: list[ctypes._SimpleCData] = []
-        for index, arg in enumerate(args):
-            if isinstance(arg, DevicePtr):
-                self.storage.append(ctypes.c_void_p(arg.value))
-            elif isinstance(arg, ctypes._SimpleCData):
-                self.storage.append(arg)
-            else:
-                raise UsageError(
-                    f"kernel argument {index} is a {type(arg).__name__}; "
-                    "pass a DevicePtr or a ctypes scalar such as ctypes.c_int(3)"
-                )
+        self.storage: list[ctypes._SimpleCData] = [
+            ctypes.c_void_p(arg.value) if isinstance(arg, DevicePtr) else arg
+            for arg in check_kernel_args(args)
+        ]
         self.array = (ctypes.c_void_p * max(len(self.storage), 1))(
             *(ctypes.addressof(value) for value in self.storage)
         )
@@ -324,17 +311,17 @@ class CudaBackend(Backend):
         return int(free), int(total)
 
     def memcpy_htod(self, dst: DevicePtr, src: Any) -> None:
-        view = _host_view(src, writable=False)
+        view = host_view(src, writable=False)
         self._call("cuMemcpyHtoD", self._ptr(dst), _host_arg(view), view.nbytes)
 
     def memcpy_dtoh(self, dst: Any, src: DevicePtr, size: int | None = None) -> None:
-        view = _host_view(dst, writable=True)
+        view = host_view(dst, writable=True)
         count = view.nbytes if size is None else size
         self._check_fits(count, view)
         self._call("cuMemcpyDtoH", _host_arg(view), self._ptr(src), count)
 
     def memcpy_htod_async(self, dst: DevicePtr, src: Any, stream: Stream) -> None:
-        view = _host_view(src, writable=False)
+        view = host_view(src, writable=False)
         self._call(
             "cuMemcpyHtoDAsync", self._ptr(dst), _host_arg(view), view.nbytes, self._stream(stream)
         )
@@ -342,7 +329,7 @@ class CudaBackend(Backend):
     def memcpy_dtoh_async(
         self, dst: Any, src: DevicePtr, stream: Stream, size: int | None = None
     ) -> None:
-        view = _host_view(dst, writable=True)
+        view = host_view(dst, writable=True)
         count = view.nbytes if size is None else size
         self._check_fits(count, view)
         self._call(
@@ -363,7 +350,7 @@ class CudaBackend(Backend):
     # -- modules and kernels ------------------------------------------------
     def module_load_data(self, image: bytes) -> Module:
         image = bytes(image)
-        if not image.startswith((_ELF_MAGIC, _FATBIN_MAGIC)) and not image.endswith(b"\0"):
+        if not is_binary_image(image) and not image.endswith(b"\0"):
             image += b"\0"  # PTX is read as a C string
         module = self._call("cuModuleLoadData", image)
         return Module(int(module), raw=module)
@@ -466,9 +453,16 @@ def _nvrtc():
     return nvrtc
 
 
-def _nvrtc_check(result, call: str) -> None:
+def _nvrtc_check(result: Any, call: str) -> None:
     if int(result) != 0:
         raise NvrtcUnavailable(f"{call} failed: {result.name}")
+
+
+#: The NVRTC (size, fetch) calls that return each artifact kind.
+_NVRTC_IMAGE_GETTERS = {
+    "ptx": ("nvrtcGetPTXSize", "nvrtcGetPTX"),
+    "cubin": ("nvrtcGetCUBINSize", "nvrtcGetCUBIN"),
+}
 
 
 def nvrtc_version() -> tuple[int, int]:
@@ -490,6 +484,10 @@ def nvrtc_compile(
     kind: str,
 ) -> NvrtcOutput:
     """Compile one translation unit to `kind` ("ptx" or "cubin")."""
+    getters = _NVRTC_IMAGE_GETTERS.get(kind)
+    if getters is None:
+        raise UsageError(f"kind must be one of {', '.join(_NVRTC_IMAGE_GETTERS)}, not {kind!r}")
+    size_symbol, image_symbol = getters
     nvrtc = _nvrtc()
     names = [h.encode() for h in headers]
     bodies = [headers[h].encode() for h in headers]
@@ -505,20 +503,11 @@ def nvrtc_compile(
         log_text = log.rstrip(b"\0").decode(errors="replace").strip()
         if int(result) != 0:
             raise NvrtcCompileError(name, result.name, log_text)
-        if kind == "ptx":
-            err, size = nvrtc.nvrtcGetPTXSize(prog)
-            _nvrtc_check(err, "nvrtcGetPTXSize")
-            image = b" " * size
-            (err,) = nvrtc.nvrtcGetPTX(prog, image)
-            _nvrtc_check(err, "nvrtcGetPTX")
-        elif kind == "cubin":
-            err, size = nvrtc.nvrtcGetCUBINSize(prog)
-            _nvrtc_check(err, "nvrtcGetCUBINSize")
-            image = b" " * size
-            (err,) = nvrtc.nvrtcGetCUBIN(prog, image)
-            _nvrtc_check(err, "nvrtcGetCUBIN")
-        else:
-            raise ValueError(f"kind must be 'ptx' or 'cubin', not {kind!r}")
+        err, size = getattr(nvrtc, size_symbol)(prog)
+        _nvrtc_check(err, size_symbol)
+        image = b" " * size
+        (err,) = getattr(nvrtc, image_symbol)(prog, image)
+        _nvrtc_check(err, image_symbol)
         return NvrtcOutput(image=bytes(image), log=log_text)
     finally:
         nvrtc.nvrtcDestroyProgram(prog)

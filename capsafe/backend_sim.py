@@ -19,7 +19,6 @@ holding it, so many threads may call at once.
 from __future__ import annotations
 
 import bisect
-import ctypes
 import itertools
 import os
 import re
@@ -32,7 +31,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from capsafe import hazards
-from capsafe.backend import Backend, Dim3, KernelArg
+from capsafe.backend import (
+    Backend,
+    Dim3,
+    KernelArg,
+    check_kernel_args,
+    host_view,
+    is_binary_image,
+)
 from capsafe.errors import CudaError, UsageError, cuda_error
 from capsafe.handles import (
     CaptureMode,
@@ -92,8 +98,6 @@ ALIGNMENT = 256
 _PAGE = MIB  # bytes are stored in pages of up to this size, created on first write
 _HANDLE_BASE = 0x5500_0000_0000  # streams, events, modules, graphs: fake driver pointers
 
-_ELF_MAGIC = b"\x7fELF"
-_FATBIN_MAGIC = b"\x50\xed\x55\xba"
 _PTX_VERSION = re.compile(rb"^\s*\.version\s+(\d+)\.(\d+)", re.MULTILINE)
 _PTX_ENTRY = re.compile(
     rb"^\s*(?:\.visible\s+|\.weak\s+)?\.entry\s+([A-Za-z_$%][\w$]*)", re.MULTILINE
@@ -347,6 +351,7 @@ class _Context:
         self.handle = handle
         self.legacy = _StreamState(Stream(0, kind=StreamKind.LEGACY))
         self.streams: dict[int, _StreamState] = {}
+        self.captures: dict[int, _Capture] = {}  # open captures by stream, in begin order
         self.events: dict[int, _EventState] = {}
         self.regions: dict[int, _Alloc | _Reservation] = {}
         self.bases: list[int] = []
@@ -370,7 +375,7 @@ class _Context:
         del self.regions[region.base]
         self.bases.remove(region.base)
         if isinstance(region, _Alloc):
-            self.used -= _accounted(region.size)
+            self.used -= _align(region.size, ALIGNMENT)
 
     def region_at(self, address: int) -> _Alloc | _Reservation | None:
         index = bisect.bisect_right(self.bases, address) - 1
@@ -386,10 +391,6 @@ class _DeviceState:
     context_handle: Context
     refcount: int = 0
     context: _Context | None = None
-
-
-def _accounted(size: int) -> int:
-    return -(-size // ALIGNMENT) * ALIGNMENT
 
 
 def _align(value: int, alignment: int) -> int:
@@ -451,11 +452,10 @@ class SimBackend(Backend):
         raise cuda_error("CUDA_ERROR_INVALID_CONTEXT", symbol)
 
     def _captures(self) -> Iterator[_Capture]:
+        # Kept per context at capture begin and end, so a call never scans every stream.
         for device in self._devices:
             if device.context is not None:
-                for ss in device.context.all_streams():
-                    if ss.capture is not None:
-                        yield ss.capture
+                yield from device.context.captures.values()
 
     def _apply_hazards(self, method: str, symbol: str, stream: Stream | None) -> None:
         """Fail the call, and invalidate each capture it breaks, per the hazard table."""
@@ -591,8 +591,7 @@ class SimBackend(Backend):
     ) -> int | None:
         """Capture `node` if `ss` is capturing, else enqueue it; return its sequence number."""
         if ss.capture is not None:
-            if ss.capture.status is CaptureStatus.INVALIDATED:
-                raise cuda_error(hazards.INVALIDATED, symbol, "the capture on this stream broke")
+            self._check_not_invalidated(ss, symbol)
             ss.capture.nodes.append(node)
             return None
         seq = next(self._seq)
@@ -770,7 +769,7 @@ class SimBackend(Backend):
                     "cuStreamBeginCapture",
                     "the stream is already capturing",
                 )
-            ss.capture = _Capture(
+            ss.capture = ctx.captures[ss.handle.value] = _Capture(
                 stream=ss.handle, mode=CaptureMode.parse(mode), owner=threading.get_ident()
             )
 
@@ -797,12 +796,14 @@ class SimBackend(Backend):
                     "a call made during the capture broke it",
                 )
             ss.capture = None
+            del ctx.captures[ss.handle.value]
             handle = Graph(next(self._ids))
             ctx.graphs[handle.value] = _GraphData(list(capture.nodes), list(capture.owned))
             return handle
 
     def _discard_capture(self, ctx: _Context, ss: _StreamState) -> None:
         capture, ss.capture = ss.capture, None
+        ctx.captures.pop(ss.handle.value, None)
         if capture is not None:
             self._free_owned(ctx, capture.owned)
 
@@ -904,7 +905,7 @@ class SimBackend(Backend):
     def _new_alloc(self, ctx: _Context, size: int, symbol: str) -> _Alloc:
         if not isinstance(size, int) or size <= 0:
             raise cuda_error("CUDA_ERROR_INVALID_VALUE", symbol, f"size {size!r}")
-        self._reserve_bytes(ctx, _accounted(size), symbol)
+        self._reserve_bytes(ctx, _align(size, ALIGNMENT), symbol)
         base = self._next_device_address
         self._next_device_address = _align(base + size, ALIGNMENT)
         region = _Alloc(base, size, _Backing(size))
@@ -1008,13 +1009,7 @@ class SimBackend(Backend):
             if ctx.hosts.get(buffer.value) is None:
                 raise cuda_error("CUDA_ERROR_INVALID_VALUE", symbol, "host memory was freed")
             buffer = buffer.buffer
-        try:
-            view = memoryview(buffer).cast("B")
-        except TypeError as exc:
-            raise UsageError(f"host memory must be a C-contiguous buffer ({exc})") from None
-        if writable and view.readonly:
-            raise UsageError(f"the destination {type(buffer).__name__} is read-only")
-        return view
+        return host_view(buffer, writable=writable)
 
     def _device_span(self, ctx: _Context, ptr: DevicePtr, n: int, symbol: str) -> list[Span]:
         if not isinstance(ptr, DevicePtr):
@@ -1162,13 +1157,7 @@ class SimBackend(Backend):
                 )
             ss = self._stream(ctx, stream, symbol)
             grid, block = _check_launch(grid, block, shared_mem, symbol)
-            args = list(args)
-            for index, arg in enumerate(args):
-                if not isinstance(arg, DevicePtr | ctypes._SimpleCData):
-                    raise UsageError(
-                        f"kernel argument {index} is a {type(arg).__name__}; "
-                        "pass a DevicePtr or a ctypes scalar such as ctypes.c_int(3)"
-                    )
+            args = check_kernel_args(args)
 
             def node(s: _StreamState, seq: int) -> Callable[[], None]:
                 def run() -> None:
@@ -1359,7 +1348,7 @@ def _check_launch(grid: Dim3, block: Dim3, shared_mem: int, symbol: str) -> tupl
 
 def _parse_image(image: bytes) -> _ModuleState:
     """Accept what cuModuleLoadData accepts: PTX text, a CUBIN (ELF) or a fatbin."""
-    if image.startswith((_ELF_MAGIC, _FATBIN_MAGIC)):
+    if is_binary_image(image):
         return _ModuleState(None, image)
     text = image.rstrip(b"\x00")
     if not text:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from importlib.metadata import entry_points
 
 from capsafe.errors import CapsafeError
@@ -38,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _unavailable(name: str, exc: ImportError):
+def _unavailable(name: str, exc: ImportError) -> Callable[[argparse.Namespace], int]:
     def run(_args: argparse.Namespace) -> int:
         print(
             f"capsafe {name}: unavailable ({exc}); install the extras: pip install 'capsafe[dev]'",

@@ -28,13 +28,13 @@ from typing import Any, cast
 
 from capsafe import hazards
 from capsafe.backend import Backend
+from capsafe.config import BACKENDS, GATE_POLICIES, runtime_config
 from capsafe.errors import BackendUnavailable, CaptureInvalidated, UsageError
 from capsafe.gate import DEFAULT_CAPTURE_TIMEOUT_S, CaptureGate, CaptureGuard
 from capsafe.gate import gate as process_gate
-from capsafe.handles import CaptureMode, Graph, Stream, StreamKind
+from capsafe.handles import LEGACY_STREAM, CaptureMode, Graph, Stream, StreamKind
 from capsafe.hazard_calls import METHOD_CALLS, STREAM_WAIT_METHODS, STREAM_WORK_METHODS, hazard_call
 
-BACKENDS = ("cuda", "sim", "auto")
 log = logging.getLogger("capsafe")
 
 _lock = threading.Lock()
@@ -45,8 +45,6 @@ _why = ""
 
 def requested_backend() -> str:
     """The backend named by CAPSAFE_BACKEND (default auto), validated, from the frozen config."""
-    from capsafe.config import runtime_config
-
     return runtime_config().backend
 
 
@@ -86,25 +84,19 @@ def raw() -> Backend:
     return _driver
 
 
-def gate_settings() -> tuple[bool, str]:
-    """(gating on, policy) from CAPSAFE_GATE and CAPSAFE_GATE_POLICY."""
-    from capsafe.config import runtime_config
-
-    config = runtime_config()
-    return config.gate_enabled, config.gate_policy
-
-
 def get(gated: bool | None = None) -> Backend:
     """The process-wide driver facade; `gated` overrides CAPSAFE_GATE (see the module doc)."""
-    enabled, policy = gate_settings()
-    key = enabled if gated is None else gated
+    config = runtime_config()
+    key = config.gate_enabled if gated is None else gated
     facade = _facades.get(key)
     if facade is None:
         backend = raw()
         with _lock:
             facade = _facades.get(key)
             if facade is None:
-                facade = GatedDriver(backend, process_gate() if key else None, policy=policy)
+                facade = GatedDriver(
+                    backend, process_gate() if key else None, policy=config.gate_policy
+                )
                 _facades[key] = facade
     return cast(Backend, facade)
 
@@ -117,7 +109,6 @@ def backend_choice() -> str:
 
 # -- the gated facade -----------------------------------------------------------
 
-POLICIES = ("conservative", "measured")
 #: Teardown the capturing thread may trigger mid-capture (a finalizer): deferred to its end.
 DEFERRED_RELEASES = frozenset(
     {
@@ -140,10 +131,7 @@ def _stream_index(method: str) -> int:
     return params.index("stream") - 1
 
 
-@functools.lru_cache(maxsize=4096)
-def _stream_work_call(method: str, stream: Stream) -> str | None:
-    # Work on another stream: breaking only on the legacy stream (or async alloc/free).
-    call = hazard_call(method, stream)
+def _breaking(call: str | None) -> str | None:
     return call if call in hazards.CAPTURE_BREAKING_CALLS else None
 
 
@@ -210,8 +198,10 @@ class GatedDriver:
         policy: str = "conservative",
         capture_timeout: float | None = DEFAULT_CAPTURE_TIMEOUT_S,
     ) -> None:
-        if policy not in POLICIES:
-            raise UsageError(f"unknown gate policy {policy!r}; use one of: {', '.join(POLICIES)}")
+        if policy not in GATE_POLICIES:
+            raise UsageError(
+                f"unknown gate policy {policy!r}; use one of: {', '.join(GATE_POLICIES)}"
+            )
         self.backend = backend
         self.gate = gate
         self.policy = policy
@@ -235,13 +225,17 @@ class GatedDriver:
         fn = getattr(self.backend, method)
         if method in STREAM_WAIT_METHODS:
             # The stream may be the capturing one: name the call by that, its worst case.
-            wrapped = self._wrap(fn, lambda *a, **k: "stream_query_capturing")
+            wrapped = self._wrap(fn, None, "stream_query_capturing")
         elif method in STREAM_WORK_METHODS:
+            # Work on another stream: only whether it is the legacy stream matters, so
+            # both answers are settled here, not on every call.
             index = _stream_index(method)
+            legacy = _breaking(hazard_call(method, LEGACY_STREAM))
+            other = _breaking(hazard_call(method, Stream(LEGACY_STREAM.value + 1)))  # any other
 
             def classify(*args: Any, **kwargs: Any) -> str | None:
                 stream = args[index] if len(args) > index else kwargs["stream"]
-                return _stream_work_call(method, stream)
+                return legacy if stream is None or stream.value == LEGACY_STREAM.value else other
 
             wrapped = self._wrap(fn, classify)
         elif METHOD_CALLS.get(method) in hazards.CAPTURE_BREAKING_CALLS:
@@ -374,10 +368,11 @@ Backend.register(GatedDriver)  # methods are bound per instance; see GatedDriver
 
 def _reset_after_fork() -> None:
     # The child starts with no driver: a CUDA context does not survive fork.
-    global _lock, _driver, _facades
+    global _lock, _driver, _facades, _why
     _lock = threading.Lock()
     _driver = None
     _facades = {}
+    _why = ""
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)

@@ -55,7 +55,6 @@ DEFAULT_FAIRNESS_S = 0.001
 _Deferred = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _STDLIB_DIR = os.path.dirname(os.path.abspath(threading.__file__)) + os.sep
-_ALL_CALLS: frozenset[str] | None = None  # "every gated call is harmful": the conservative set
 
 
 class GateTimeout(CapsafeError, TimeoutError):
@@ -382,7 +381,7 @@ class CaptureGate:
     def begin_capture(
         self,
         *,
-        harmful: frozenset[str] | None = _ALL_CALLS,
+        harmful: frozenset[str] | None = None,
         label: str = "",
         timeout: float | None = DEFAULT_CAPTURE_TIMEOUT_S,
     ) -> CaptureGuard:

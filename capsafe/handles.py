@@ -12,6 +12,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from capsafe.errors import UsageError
+
 
 class StreamKind(enum.StrEnum):
     LEGACY = "legacy"  # the NULL stream: implicitly synchronizes with blocking streams
@@ -26,11 +28,12 @@ class CaptureMode(enum.StrEnum):
 
     @classmethod
     def parse(cls, value: str | CaptureMode) -> CaptureMode:
+        """Any case of a mode name; a user's typo is a one-line UsageError (a ValueError)."""
         try:
             return cls(str(value).lower())
         except ValueError:
             names = ", ".join(m.value for m in cls)
-            raise ValueError(f"unknown capture mode {value!r}; expected one of: {names}") from None
+            raise UsageError(f"unknown capture mode {value!r}; expected one of: {names}") from None
 
 
 class CaptureStatus(enum.StrEnum):

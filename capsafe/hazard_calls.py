@@ -5,7 +5,7 @@ that table to the driver facade in both directions:
 
 - `hazard_call(method, stream, capturing)` names the `hazards.CALLS` entry a
   facade method exercises (the simulated device uses it to apply the table, and
-  a capture gate can use it to decide which calls take the shared side);
+  the gated driver to decide which calls take the capture gate's shared side);
 - `ACTIONS` performs each table call on any `Backend`, against the resources a
   `Trial` prepared before the capture began, and `run_trial` runs one cell of the
   hazard matrix with it, so the sim and the real driver are measured by the very
@@ -22,7 +22,7 @@ from typing import Any
 
 from capsafe import hazards
 from capsafe.backend import Backend
-from capsafe.errors import CudaError
+from capsafe.errors import CudaError, UsageError
 from capsafe.handles import (
     LEGACY_STREAM,
     CaptureMode,
@@ -354,7 +354,7 @@ def run_trial(
     action = ACTIONS[call]
     mode, stream_kind = CaptureMode.parse(mode), StreamKind(stream_kind)
     if caller not in hazards.CALLERS:
-        raise ValueError(f"unknown caller {caller!r}; expected one of {hazards.CALLERS}")
+        raise UsageError(f"unknown caller {caller!r}; use one of: {', '.join(hazards.CALLERS)}")
     b = backend
     device = b.device_get(0)
     context = b.primary_ctx_retain(device)

@@ -15,6 +15,7 @@ non-blocking one).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -147,10 +148,14 @@ class Outcome:
         return self.end_capture != SUCCESS
 
 
+@functools.cache
 def rule_for(
     call: str, mode: CaptureMode | str, stream: StreamKind | str, caller: str
 ) -> Rule | None:
-    """The rule that makes `call` fail in this cell, or None when the call is safe there."""
+    """The rule that makes `call` fail in this cell, or None when the call is safe there.
+
+    Cached: the simulated device asks for every call made while a capture is open.
+    """
     if call not in CALLS:
         raise KeyError(f"unknown call {call!r}; known: {', '.join(CALLS)}")
     mode, stream = CaptureMode.parse(mode), StreamKind(stream)

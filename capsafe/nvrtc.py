@@ -19,10 +19,11 @@ from capsafe import backend_cuda
 from capsafe.backend import Backend
 from capsafe.errors import CudaError, UsageError
 from capsafe.handles import Device, Module
+from capsafe.kernel_cache import KINDS as CACHE_KINDS
 from capsafe.kernel_cache import KernelCache, cache_key, default_cache
 
 DEFAULT_ARCH = "sm_90"  # the H200's; `load` always passes the device's own
-KINDS = ("ptx", "cubin")
+KINDS = tuple(CACHE_KINDS)  # ("ptx", "cubin"): the artifacts the cache can hold
 # Results with which a driver turns a PTX image away; a CUBIN for the device may still load.
 PTX_REFUSED = frozenset(
     {
@@ -183,6 +184,7 @@ def spec_key(spec: KernelSpec, arch: str, kind: str, nvrtc_version: tuple[int, i
 
 
 def nvrtc_options(spec: KernelSpec, arch: str) -> list[str]:
+    """The NVRTC command line: the arch and include paths come from arguments the key sees."""
     return [
         f"--gpu-architecture={arch}",
         *(f"--include-path={p}" for p in spec.include_paths),
@@ -205,7 +207,7 @@ def compile_spec(
     `compiler` and `nvrtc_version` default to the installed NVRTC.
     """
     if kind not in KINDS:
-        raise UsageError(f"kind must be 'ptx' or 'cubin', not {kind!r}")
+        raise UsageError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
     arch = normalize_arch(arch, kind)
     version = nvrtc_version or installed_nvrtc_version()
     run = compiler or backend_cuda.nvrtc_compile

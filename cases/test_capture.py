@@ -16,7 +16,7 @@ from capsafe import driver, hazards
 from capsafe.backend import Backend
 from capsafe.capturing import Capture, capture
 from capsafe.driver import GatedDriver
-from capsafe.errors import CaptureInvalidated, CudaError
+from capsafe.errors import CapsafeError, CaptureInvalidated, CudaError, UsageError
 from capsafe.gate import CaptureGate
 from capsafe.handles import LEGACY_STREAM, CaptureMode
 from capsafe.hazard_calls import METHOD_CALLS
@@ -78,6 +78,28 @@ def test_stream_work_is_gated_only_on_the_legacy_stream(sim_backend):
     assert g.stats().shared_entered == before + 1
     facade.stream_synchronize(stream)  # may be the capturing stream: always gated
     assert g.stats().shared_entered == before + 2
+
+
+def test_stream_work_named_by_keyword_is_classified_the_same(sim_backend):
+    g = CaptureGate()
+    facade = GatedDriver(sim_backend, g)
+    ptr, stream = facade.mem_alloc(N), facade.stream_create()
+    before = g.stats().shared_entered
+    facade.memset_d8_async(ptr, 1, N, stream=stream)
+    facade.mem_free_async(facade.mem_alloc_async(N, stream=stream), stream=stream)
+    assert g.stats().shared_entered == before + 2  # async alloc/free on another stream
+    facade.memset_d8_async(ptr, 1, N, stream=LEGACY_STREAM)
+    assert g.stats().shared_entered == before + 3
+    facade.stream_synchronize(stream)
+
+
+def test_a_misspelled_capture_mode_is_a_one_line_usage_error(sim_backend):
+    # A CapsafeError, so `capsafe ...` commands print it instead of a traceback.
+    stream = sim_backend.stream_create()
+    with pytest.raises(UsageError, match="unknown capture mode 'globl'; expected one of: global"):
+        capture(stream, "globl", driver=sim_backend)
+    assert issubclass(UsageError, CapsafeError) and issubclass(UsageError, ValueError)
+    sim_backend.stream_destroy(stream)
 
 
 def test_other_threads_allocation_waits_for_the_capture_instead_of_breaking_it(gated):

@@ -291,3 +291,20 @@ def test_reader_skips_malformed_lines(tmp_path: Path):
     assert rows == [good] and skipped == 4
     assert read_records(tmp_path / "records-r-gw0-1.jsonl") == [good]
     assert read_records(tmp_path / "missing") == []
+
+
+def test_unusable_records_dir_or_replay_file_is_a_usage_error(
+    pytester: pytest.Pytester, tmp_path: Path
+):
+    pytester.makepyfile(test_x="def test_x(): pass\n")
+    a_file = tmp_path / "taken"
+    a_file.write_text("")
+    result = pytester.runpytest("-p", "no:xdist", f"--capsafe-records={a_file}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*--capsafe-records: cannot create {a_file}: *"])
+    binary = tmp_path / "replay.txt"
+    binary.write_bytes(b"\xff\xfe\x00 not text")
+    result = pytester.runpytest("-p", "no:xdist", f"--capsafe-replay={binary}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*--capsafe-replay: cannot read {binary}: *"])
+    assert "Traceback" not in result.stderr.str()

@@ -169,3 +169,46 @@ def test_trends_skip_unreadable_rates(tmp_path, bad):
     path = tmp_path / "history.csv"
     path.write_text(bad)
     assert history.trends(history.read_history(path)) == {}
+
+
+def test_history_row_cut_short_is_dropped_and_the_next_sweep_starts_a_new_line(tmp_path):
+    path = tmp_path / "history.csv"
+    v = history.Verdict
+    history.append_history(path, "a", "T1", [v("x", "flaky", 5, 1, 0.2)])
+    with open(path, "a") as f:
+        f.write("b,T2,x,fla")  # a writer killed mid-row
+    rows = history.append_history(path, "c", "T3", [v("x", "pass", 5, 0, 0.0)])
+    assert [r["sweep_id"] for r in rows] == ["a", "c"]
+    assert [r["sweep_id"] for r in history.read_history(path)] == ["a", "c"]
+
+
+@pytest.mark.parametrize(
+    "content", [b"\xff\xfe\x00\x01 binary junk\n", b"nodeid,flake_rate\nx,0.5\n"]
+)
+def test_history_that_is_not_a_history_file_is_refused_untouched_and_set_aside(tmp_path, content):
+    path = tmp_path / "history.csv"
+    path.write_bytes(content)
+    with pytest.raises(history.HistoryError, match=r"history\.csv"):
+        history.append_history(path, "a", "T1", [history.Verdict("x", "pass", 1, 0, 0.0)])
+    assert path.read_bytes() == content
+    aside = history.set_aside(path)
+    assert aside.read_bytes() == content and not path.exists()
+    path.write_bytes(content)
+    assert history.set_aside(path) != aside and aside.exists()
+
+
+def test_latest_that_is_a_real_directory_is_left_alone(tmp_path):
+    out = tmp_path / "s1"
+    out.mkdir()
+    (tmp_path / "latest").mkdir()
+    (tmp_path / "latest" / "keep.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="is a directory"):
+        history.point_latest(out)
+    assert (tmp_path / "latest" / "keep.txt").read_text() == "mine"
+
+
+def test_latest_that_is_a_file_becomes_the_link(tmp_path):
+    out = tmp_path / "s1"
+    out.mkdir()
+    (tmp_path / "latest").write_text("stale\n")
+    assert history.point_latest(out).resolve() == out.resolve()

@@ -248,3 +248,35 @@ def test_sweep_environment_gives_every_process_its_own_scratch_dir(tmp_path):
     done = sweep(str(suite), "--runs", "2", "--workers", "0", "--out", str(tmp_path / "o"),
                  *FAST, cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr
+
+
+def test_hostile_surroundings_become_notes_and_nothing_is_lost(tmp_path):
+    # A records line cut short, a history.csv that is not one, a `latest` that is a real
+    # directory: the sweep still classifies, writes its report, and says what it did.
+    suite = make_suite(tmp_path / "suite", test_junk="""
+        import os
+
+        def test_writes_a_torn_record_line(request):
+            records = request.config.getoption("capsafe_records")
+            with open(os.path.join(records, "records-torn-main-1.jsonl"), "w") as f:
+                f.write('{"nodeid": "test_junk.py::test_writes_a_torn_re')
+    """)  # fmt: skip
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "history.csv").write_bytes(b"\xff\xfe not a csv\x00")
+    (reports / "latest").mkdir()
+    (reports / "latest" / "keep.txt").write_text("mine")
+    out = reports / "s1"
+    done = sweep(str(suite), "--runs", "1", "--workers", "0", "--out", str(out), *FAST,
+                 cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    notes = summary_of(out)["notes"]
+    assert any("skipped 1 malformed record line" in n for n in notes), notes
+    assert any("moved to history.csv.unreadable-" in n for n in notes), notes
+    assert any("latest not updated" in n and "is a directory" in n for n in notes), notes
+    (aside,) = reports.glob("history.csv.unreadable-*")
+    assert aside.read_bytes() == b"\xff\xfe not a csv\x00"
+    assert "test_junk.py::test_writes_a_torn_record_line" in (reports / "history.csv").read_text()
+    assert (reports / "latest" / "keep.txt").read_text() == "mine"
+    assert (out / "report.html").is_file()

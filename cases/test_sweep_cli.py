@@ -7,6 +7,7 @@ import importlib.util
 import pytest
 
 from capsafe.cli import main
+from harness import sweep
 
 
 @pytest.fixture
@@ -66,3 +67,26 @@ def test_help_explains_options_and_exit_codes(capsys):
     for needle in ("--runs", "--workers", "--isolation-runs", "--neighbors", "--threads",
                    "--budget", "--baseline", "exit codes", "130", "order-dependent"):  # fmt: skip
         assert needle in text
+
+
+def test_out_that_cannot_be_created_is_a_usage_error(suite, capsys):
+    (suite / "f").write_text("")
+    assert main(["sweep", str(suite), "--out", str(suite / "f" / "reports")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert err.startswith("capsafe sweep: cannot write reports into --out")
+
+
+@pytest.mark.parametrize("value", ["inf", "nan"])
+def test_timeout_must_be_finite(suite, capsys, value):
+    assert main(["sweep", str(suite), "--timeout", value, "--out", str(suite / "o")]) == 2
+    assert "--timeout must be positive" in capsys.readouterr().err
+
+
+def test_ctrl_c_outside_the_phases_is_one_line_and_exit_130(suite, capsys, monkeypatch):
+    def interrupted(options):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep, "run_sweep", interrupted)
+    assert main(["sweep", str(suite), "--out", str(suite / "o"), "--no-progress"]) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("capsafe sweep: interrupted")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import os
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,13 +43,25 @@ class Verdict:
     flake_rate: float
 
 
+class HistoryError(ValueError):
+    """history.csv exists but cannot be read or appended to as a history file."""
+
+
 def read_history(path: str | os.PathLike[str]) -> list[dict[str, str]]:
-    """Every row of a history file (none when it does not exist yet)."""
+    """Every complete row of a history file (none when it does not exist yet).
+
+    A row cut short (a writer killed mid-line) is dropped; a file that is not
+    UTF-8 CSV raises HistoryError.
+    """
     path = Path(path)
     if not path.exists():
         return []
-    with open(path, newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise HistoryError(f"{path} is not a history file: {exc}") from None
+    return [row for row in rows if None not in row.values()]
 
 
 def append_history(
@@ -56,12 +69,16 @@ def append_history(
 ) -> list[dict[str, str]]:
     """Append this sweep's rows (under a file lock: two sweeps may share a reports dir).
 
-    Returns the whole history including the new rows.
+    Returns the whole history including the new rows. HistoryError, with the
+    file untouched, when it exists and is not a history file (see `set_aside`).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path.parent / f".{path.name}.lock")):
         old = read_history(path)
+        header = _header(path)
+        if header is not None and header != list(COLUMNS):
+            raise HistoryError(f"{path} has columns {','.join(header)}, not {','.join(COLUMNS)}")
         seen: dict[str, tuple[str, str]] = {}
         for row in old:
             if row.get("first_seen"):
@@ -84,13 +101,40 @@ def append_history(
                     "last_seen": last,
                 }
             )
-        fresh = not path.exists() or path.stat().st_size == 0
         with open(path, "a", newline="", encoding="utf-8") as f:
             writer = csv.DictWriter(f, fieldnames=COLUMNS)
-            if fresh:
+            if header is None:
                 writer.writeheader()
+            elif not _ends_with_newline(path):
+                f.write("\n")  # a row cut short by a killed writer stays on its own line
             writer.writerows(new)
     return old + new
+
+
+def _header(path: Path) -> list[str] | None:
+    """The column names of an existing, non-empty file (None when there is none yet)."""
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    with open(path, newline="", encoding="utf-8") as f:
+        return next(csv.reader(f), [])
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
+def set_aside(path: str | os.PathLike[str]) -> Path:
+    """Rename an unusable history file out of the way (kept, never deleted); its new name."""
+    path = Path(path)
+    stem = f"{path.name}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}"
+    aside, n = path.with_name(stem), 1
+    while aside.exists():
+        n += 1
+        aside = path.with_name(f"{stem}-{n}")
+    path.rename(aside)
+    return aside
 
 
 def trends(history: Iterable[dict[str, str]], limit: int = 20) -> dict[str, list[float]]:
@@ -106,9 +150,14 @@ def trends(history: Iterable[dict[str, str]], limit: int = 20) -> dict[str, list
 
 
 def point_latest(out: str | os.PathLike[str]) -> Path:
-    """Make `<parent of out>/latest` name `out`: a relative symlink, else a text file."""
+    """Make `<parent of out>/latest` name `out`: a relative symlink, else a text file.
+
+    A real directory already called `latest` is someone's data: FileExistsError, untouched.
+    """
     out = Path(out).resolve()
     latest = out.parent / LATEST
+    if latest.is_dir() and not latest.is_symlink():
+        raise FileExistsError(f"{latest} is a directory; not replacing it")
     staging = out.parent / f".{LATEST}.{os.getpid()}"
     try:
         staging.unlink(missing_ok=True)

@@ -202,7 +202,3 @@ class Neighbors:
                 stuck.append(f"{thread.name} did not stop within {timeout:g} s")
         self._threads.clear()
         return self.failures + stuck
-
-    @property
-    def running(self) -> bool:
-        return any(t.is_alive() for t in self._threads)

@@ -74,6 +74,13 @@ def read_replay(path: str | os.PathLike[str]) -> list[str]:
         return [line for line in lines if line and not line.startswith("#")]
 
 
+def write_replay(path: str | os.PathLike[str], nodeids: Sequence[str]) -> None:
+    """Write a replay file `read_replay` (and so `--capsafe-replay`) reads back."""
+    os.makedirs(os.path.dirname(os.fspath(path)) or ".", exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("".join(f"{nodeid}\n" for nodeid in nodeids))
+
+
 def replay_order(
     items: Sequence[T], wanted: Sequence[str], nodeid: Callable[[T], str] = str
 ) -> tuple[list[T], list[str]]:

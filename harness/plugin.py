@@ -146,13 +146,21 @@ def _resolve(config: pytest.Config) -> Settings:
             )
         try:
             replay = tuple(order.read_replay(opt.capsafe_replay))
-        except OSError as exc:
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = getattr(exc, "strerror", None) or exc
             raise pytest.UsageError(
-                f"--capsafe-replay: cannot read {opt.capsafe_replay}: {exc.strerror}"
+                f"--capsafe-replay: cannot read {opt.capsafe_replay}: {reason}"
             ) from None
         shuffle = "none"
     if opt.capsafe_neighbors < 0:
         raise pytest.UsageError("--capsafe-neighbors: give a thread count >= 0")
+    if opt.capsafe_records:
+        try:
+            os.makedirs(opt.capsafe_records, exist_ok=True)
+        except OSError as exc:
+            raise pytest.UsageError(
+                f"--capsafe-records: cannot create {opt.capsafe_records}: {exc.strerror or exc}"
+            ) from None
     watch = tuple(p.strip() for p in opt.capsafe_watch_env.split(",") if p.strip())
     return Settings(
         records=opt.capsafe_records,
@@ -292,7 +300,12 @@ class CapsafeRun:
             path = records_path(
                 self.settings.records, self.settings.run_id, self.worker, os.getpid()
             )
-            self.writer = RecordWriter(path)
+            try:
+                self.writer = RecordWriter(path)
+            except OSError as exc:
+                raise pytest.UsageError(
+                    f"--capsafe-records: cannot write {path}: {exc.strerror or exc}"
+                ) from None
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         if self.settings.neighbors and not self.config.option.collectonly:

@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from harness import classify as cl
-from harness import history, report, search, stats
-from harness.records import Record, read_records
+from harness import history, order, report, search, stats
+from harness.records import Record, load_records
 
 SWEEP_TMP_ENV = "CAPSAFE_SWEEP_TMP"
 """Set for every test process: a fresh empty directory of its own, removed afterwards."""
@@ -102,6 +102,7 @@ class ProcessResult:
     rows: list[Record]
     stalled: bool
     log: Path
+    malformed: int = 0  # record lines that could not be read (skipped, counted in the notes)
 
 
 @dataclass
@@ -244,14 +245,14 @@ class Runner:
                         self._live.discard(proc)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-        rows = read_records(records)
+        rows, malformed = load_records(records)
         if interrupted:
             raise Interrupted(
-                ProcessResult(label, proc.returncode, cl.finished_rows(rows), False, log)
+                ProcessResult(label, proc.returncode, cl.finished_rows(rows), False, log, malformed)
             )
         stall = self.options.stall_limit if stalled else None
         rows += cl.unfinished_rows(rows, stalled_after=stall)
-        return ProcessResult(label, proc.returncode, rows, stalled, log)
+        return ProcessResult(label, proc.returncode, rows, stalled, log, malformed)
 
     def _watch(self, proc: subprocess.Popen[bytes], records: Path, log: Path) -> bool:
         last, changed = -1, time.monotonic()
@@ -311,7 +312,6 @@ class Sweep:
         self.evidence: dict[str, _Evidence] = {}
         self.searches: list[dict[str, Any]] = []
         self.notes: list[str] = []
-        self.logs: list[Path] = []
         self._labels = 0
         self._label_lock = threading.Lock()
 
@@ -393,7 +393,11 @@ class Sweep:
 
     def _take(self, result: ProcessResult) -> None:
         self.rows += result.rows
-        self.logs.append(result.log)
+        if result.malformed:
+            self.notes.append(
+                f"{result.label}: skipped {result.malformed} malformed record line(s) "
+                f"in {self.raw / result.label}"
+            )
         if result.stalled:
             self.notes.append(
                 f"{result.label}: no progress for {self.options.stall_limit:g}s; the process "
@@ -502,8 +506,7 @@ class Sweep:
         label = self._label(kind)
         sequence = [*before, target]
         replay_file = self.raw / "replays" / f"{label}.txt"
-        replay_file.parent.mkdir(parents=True, exist_ok=True)
-        replay_file.write_text("\n".join(sequence) + "\n", encoding="utf-8")
+        order.write_replay(replay_file, sequence)
         cmd = self.runner.pytest_command(
             self.runner.replay_targets(sequence), self.raw / label, label, seed=seed,
             workers=0, replay_file=replay_file,
@@ -575,8 +578,7 @@ class Sweep:
             if verdict != "pass":
                 sequence = [*ev.polluters, nodeid] if verdict == "order-dependent" else [nodeid]
                 replay_file = replays_dir / f"{_slug(nodeid)}.txt"
-                replay_file.parent.mkdir(parents=True, exist_ok=True)
-                replay_file.write_text("\n".join(sequence) + "\n", encoding="utf-8")
+                order.write_replay(replay_file, sequence)
                 replay = self.runner.replay_command(replay_file.resolve(), sequence)
             low, high = stats.wilson_interval(ev.failures, ev.runs)
             tests.append({
@@ -598,7 +600,7 @@ class Sweep:
             "runs": len(self.run_ids),
             "workers": o.workers,
             "seeds": self.seeds,
-            "backend": self._backend(),
+            "backend": requested_backend(),
             "duration_s": round(time.monotonic() - self.started, 3),
             "tests": tests,
             "counts": counts,
@@ -611,10 +613,29 @@ class Sweep:
                             t["flake_rate"])
             for t in tests
         ]  # fmt: skip
-        past = history.append_history(out.parent / history.HISTORY_FILE, out.name, stamp, verdicts)
+        past = self._append_history(out.parent / history.HISTORY_FILE, out.name, stamp, verdicts)
+        try:
+            history.point_latest(out)
+        except OSError as exc:
+            self.notes.append(f"{out.parent / history.LATEST} not updated: {describe_error(exc)}")
         report.write_reports(out, summary, self.rows, self._grid(), self.run_ids, past)
-        history.point_latest(out)
         return _outcome(summary, o.baseline, interrupted, out)
+
+    def _append_history(
+        self, path: Path, sweep_id: str, stamp: str, verdicts: list[history.Verdict]
+    ) -> list[dict[str, str]]:
+        """Append to history.csv; one that is not a history file is set aside, never lost,
+        and a history that cannot be written is a note, not a lost report."""
+        try:
+            try:
+                return history.append_history(path, sweep_id, stamp, verdicts)
+            except history.HistoryError as exc:
+                aside = history.set_aside(path)
+                self.notes.append(f"{exc}; moved to {aside.name}, history starts afresh")
+                return history.append_history(path, sweep_id, stamp, verdicts)
+        except (OSError, history.HistoryError) as exc:
+            self.notes.append(f"{path} not updated: {describe_error(exc)}")
+            return []
 
     def _grid(self) -> dict[str, list[str]]:
         grid: dict[str, list[str]] = {}
@@ -626,25 +647,10 @@ class Sweep:
             grid[nodeid] = states
         return grid
 
-    def _backend(self) -> str:
-        """The backend the test processes reported (header or rows), else what the
-        environment asks for."""
-        for row in self.rows:
-            if row.get("backend"):
-                return str(row["backend"])
-        pattern = re.compile(r"capsafe:.*\bbackend=(\w+)")
-        for log in self.logs:
-            try:
-                match = pattern.search(log.read_text(encoding="utf-8", errors="replace"))
-            except OSError:
-                continue
-            if match:
-                return match.group(1)
-        return requested_backend()
-
 
 def requested_backend() -> str:
-    """CAPSAFE_BACKEND as the test processes will see it (they inherit our environment)."""
+    """CAPSAFE_BACKEND as the test processes inherit it (a suite's conftest may still pick
+    another, as the planted capture suite does)."""
     return os.environ.get("CAPSAFE_BACKEND", "auto").strip().lower() or "auto"
 
 
@@ -697,13 +703,28 @@ def _outcome(
 
 
 def read_baseline(path: str | os.PathLike[str]) -> frozenset[str]:
-    """Quarantined node ids: one per line, blank lines and '#' comments ignored."""
-    with open(path, encoding="utf-8") as f:
-        lines = (line.split(" #", 1)[0].strip() for line in f)
-        return frozenset(line for line in lines if line and not line.startswith("#"))
+    """Quarantined node ids: a replay-style list whose lines may also end in ' # comment'."""
+    ids = (line.split(" #", 1)[0].strip() for line in order.read_replay(path))
+    return frozenset(nodeid for nodeid in ids if nodeid)
+
+
+def describe_error(exc: BaseException) -> str:
+    """The reason alone ("Permission denied"), for a one-line message that names the path."""
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+
+
+def prepare_out(out: Path) -> None:
+    """Create the report directory and prove it writable now, not after an hour of runs;
+    SweepError with the reason otherwise."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as exc:
+        raise SweepError(f"cannot write reports into --out {out}: {describe_error(exc)}") from None
 
 
 def run_sweep(options: SweepOptions) -> SweepResult:
     """Run one whole sweep and write its reports into options.out."""
-    options.out.mkdir(parents=True, exist_ok=True)
+    prepare_out(options.out)
     return Sweep(options).execute()

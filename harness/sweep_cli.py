@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import os
 import random
 import sys
@@ -21,7 +22,8 @@ EPILOG = """\
 exit codes:
   0    every test is pass, or listed in the --baseline quarantine file
   1    some test is fail, flaky, order-dependent or brittle (and not quarantined)
-  2    usage error: bad option, missing path or plugin, suite that cannot run
+  2    usage error: bad option, missing path or plugin, unwritable --out, a suite
+       that cannot run
   130  interrupted (Ctrl-C); the report of what ran is still written
 
 classifications:
@@ -141,6 +143,10 @@ def main(args: argparse.Namespace) -> int:
         result = sweep.run_sweep(options)
     except sweep.SweepError as exc:
         return _usage(str(exc))
+    except KeyboardInterrupt:  # a second Ctrl-C, while the partial report was being written
+        print(f"capsafe sweep: interrupted; the report in {options.out} may be incomplete",
+              file=sys.stderr)  # fmt: skip
+        return sweep.EXIT_INTERRUPTED
     print(f"capsafe sweep: {result.reason}", file=sys.stderr)
     return result.exit_code
 
@@ -162,9 +168,9 @@ def options_from(args: argparse.Namespace) -> sweep.SweepOptions:
     ):
         if value < low:
             raise sweep.SweepError(f"{name} must be at least {low}, got {value}")
-    if args.timeout <= 0:
-        raise sweep.SweepError(f"--timeout must be positive, got {args.timeout:g}")
-    if args.budget is not None and args.budget <= 0:
+    if not 0 < args.timeout < math.inf:
+        raise sweep.SweepError(f"--timeout must be positive and finite, got {args.timeout:g}")
+    if args.budget is not None and not args.budget > 0:
         raise sweep.SweepError(f"--budget must be positive, got {args.budget:g}")
     for needed, module, package, why in (
         (args.workers > 0, "xdist", "pytest-xdist", "--workers > 0; or use --workers 0"),
@@ -180,7 +186,7 @@ def options_from(args: argparse.Namespace) -> sweep.SweepOptions:
         try:
             baseline = sweep.read_baseline(args.baseline)
         except (OSError, UnicodeDecodeError) as exc:
-            reason = getattr(exc, "strerror", None) or str(exc)
+            reason = sweep.describe_error(exc)
             raise sweep.SweepError(f"cannot read --baseline {args.baseline}: {reason}") from None
     out = args.out if args.out is not None else _default_out()
     if out.exists() and not out.is_dir():
@@ -188,6 +194,7 @@ def options_from(args: argparse.Namespace) -> sweep.SweepOptions:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     if seed < 0:
         raise sweep.SweepError(f"--seed must be a non-negative integer, got {seed}")
+    sweep.prepare_out(out)
     return sweep.SweepOptions(
         paths=tuple(paths),
         out=out.resolve(),

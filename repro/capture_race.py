@@ -230,7 +230,7 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = reproducer_parser(__doc__)
+    parser = reproducer_parser(__doc__, __spec__.name)
     parser.add_argument(
         "--mode",
         choices=("global", "thread_local", "relaxed"),

@@ -137,10 +137,18 @@ def finish(result: dict[str, Any], json_path: Path | None, ok: bool) -> int:
         **result,
     }
     if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+        write_output(json_path, json.dumps(result, indent=2, default=str) + "\n")
         print(f"wrote {json_path}")
     return 0 if ok else 1
+
+
+def write_output(path: Path, text: str) -> None:
+    """Write a reproducer's --json file; UsageError (one line, exit 2) when it cannot be."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write --json {path}: {exc.strerror or exc}") from None
 
 
 def device_facts() -> dict[str, Any]:

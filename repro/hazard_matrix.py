@@ -34,7 +34,7 @@ from capsafe.backend_cuda import bindings_version, unavailable_reason
 from capsafe.context import CudaDevice
 from capsafe.errors import BackendUnavailable, CapsafeError
 from capsafe.handles import CaptureMode, StreamKind
-from repro.cli import run_main
+from repro.cli import run_main, write_output
 
 KEYS = ("call", "mode", "stream", "caller", "call_result", "end_capture")
 TRIAL_TIMEOUT_S = 120.0
@@ -163,7 +163,12 @@ def _in_fresh_process(backend_name: str) -> Callable[[Cell], Row]:
         if done.returncode != 0 or not lines:
             last = (done.stderr.strip().splitlines() or ["no output"])[-1]
             return _row(cell, f"ERROR(trial exit {done.returncode}: {last})", "ERROR")
-        row = json.loads(lines[-1])
+        try:
+            row = json.loads(lines[-1])
+        except ValueError:
+            row = None
+        if not isinstance(row, dict):
+            return _row(cell, f"ERROR(trial printed no result: {lines[-1][:200]})", "ERROR")
         if reruns:
             row["reruns"] = reruns
         return row
@@ -398,7 +403,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = run_matrix(cells, args.backend, jobs=args.jobs, in_process=in_process)
     seconds = time.perf_counter() - started
     if args.json:
-        Path(args.json).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        write_output(Path(args.json), "".join(json.dumps(r) + "\n" for r in rows))
     print(format_table(rows))
     isolation = "in-process fresh SimBackend per trial" if in_process else "one process per trial"
     print()

@@ -1,11 +1,17 @@
+import fcntl
 import os
 from pathlib import Path
 
 
 def _invocation() -> int:
-    """How many times this test has run in this sweep (counted in the sweep's shared dir)."""
+    """How many times this test has run in this sweep (counted in the sweep's shared dir).
+
+    Locked: the sweep runs isolation reruns in parallel, and two reruns that both
+    append before either reads would both count the same number.
+    """
     counter = Path(os.environ["CAPSAFE_SWEEP_SHARED"]) / "coin-flips"
     with counter.open("a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
         f.write("x")
         f.seek(0)
         return len(f.read())
