@@ -21,8 +21,6 @@ import threading
 import time
 from collections.abc import Callable
 
-ROUNDS = 7
-
 
 def interleaved_ratio(
     loop_a: Callable[[int], None], loop_b: Callable[[int], None], n: int, rounds: int = 15
@@ -43,17 +41,7 @@ def interleaved_ratio(
     return statistics.median(times_a), statistics.median(times_b), statistics.median(ratios)
 
 
-def best_per_op(loop: Callable[[int], None], n: int) -> float:
-    """Seconds per operation, best of ROUNDS (the least disturbed run)."""
-    best = float("inf")
-    for _ in range(ROUNDS):
-        start = time.perf_counter()
-        loop(n)
-        best = min(best, time.perf_counter() - start)
-    return best / n
-
-
-def uncontended(n: int = 500_000) -> dict[str, float]:
+def uncontended(n: int = 200_000) -> dict[str, float]:
     from capsafe.gate import CaptureGate
 
     gate, lock = CaptureGate(), threading.Lock()
@@ -82,11 +70,11 @@ def uncontended(n: int = 500_000) -> dict[str, float]:
 
     out = {}
     for name, gated, bare in (("calls", gate_calls, lock_calls), ("with", gate_with, lock_with)):
-        g, b = best_per_op(gated, n), best_per_op(bare, n)
+        g, b, ratio = interleaved_ratio(gated, bare, n)
         out[f"gate_{name}_ns"], out[f"lock_{name}_ns"], out[f"ratio_{name}"] = (
             g * 1e9,
             b * 1e9,
-            g / b,
+            ratio,
         )
     return out
 
