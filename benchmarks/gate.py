@@ -113,7 +113,7 @@ def gpu_alloc_free(n: int = 500, size: int = 1 << 20) -> dict[str, float] | str:
 
 
 def contention(seconds: float, threads: int) -> dict:
-    from repro.capture_race import run
+    from capsafe_repro.capture_race import run
 
     result = run("global", True, "conservative", threads, seconds, False, False)
     result["captures_per_s"] = result["captures"] / seconds

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.classify import (
+from capsafe_harness.classify import (
     CLASSES,
     attempts,
     classify,
@@ -13,7 +13,7 @@ from harness.classify import (
     severity,
     unfinished_rows,
 )
-from harness.stats import flake_rate, wilson_interval
+from capsafe_harness.stats import flake_rate, wilson_interval
 
 
 def row(

@@ -12,7 +12,7 @@ import pytest
 
 from capsafe import hazards
 from capsafe.handles import CaptureMode, StreamKind
-from repro import hazard_matrix
+from capsafe_repro import hazard_matrix
 
 DATA = Path(__file__).resolve().parent.parent / "docs" / "data"
 MEASURED = sorted(DATA.glob("*.jsonl"))
@@ -94,7 +94,7 @@ def test_codes_are_compact() -> None:
 
 
 def test_one_trial_in_its_own_process() -> None:
-    command = [sys.executable, "-m", "repro.hazard_matrix", "--backend", "sim"]
+    command = [sys.executable, "-m", "capsafe_repro.hazard_matrix", "--backend", "sim"]
     command += ["--trial", "ctx_sync", "relaxed", "blocking", "other_thread"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -119,7 +119,7 @@ def test_cuda_backend_without_a_gpu_is_one_line_exit_2() -> None:
 
     if unavailable_reason() is None:
         pytest.skip("this machine has a GPU")
-    command = [sys.executable, "-m", "repro.hazard_matrix", "--backend", "cuda"]
+    command = [sys.executable, "-m", "capsafe_repro.hazard_matrix", "--backend", "cuda"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=dict(os.environ))
     assert done.returncode == 2
     assert done.stderr.startswith("error: --backend cuda needs a GPU")
@@ -129,7 +129,7 @@ def test_cuda_backend_without_a_gpu_is_one_line_exit_2() -> None:
 def test_docs_carry_the_current_rule_table() -> None:
     docs = (DATA.parent / "hazards.md").read_text()
     assert hazard_matrix.rules_markdown() in docs, (
-        "docs/hazards.md is stale: paste `python -m repro.hazard_matrix --rules` into it"
+        "docs/hazards.md is stale: paste `python -m capsafe_repro.hazard_matrix --rules` into it"
     )
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from capsafe import hazards
-from harness import neighbors, order
-from harness.records import Record, load_records, read_records
+from capsafe_harness import neighbors, order
+from capsafe_harness.records import Record, load_records, read_records
 
 pytest_plugins = ["pytester"]
 
@@ -35,7 +35,7 @@ def run_lean(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
 
     def run(*args: str) -> pytest.RunResult:
-        return pytester.runpytest_subprocess("-p", "xdist.plugin", "-p", "harness.plugin", *args)
+        return pytester.runpytest_subprocess("-p", "xdist.plugin", "-p", "capsafe_harness.plugin", *args)
 
     return run
 

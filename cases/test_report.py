@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from harness import history
-from harness.report import pairs, render_html, render_markdown, search_bound, write_reports
+from capsafe_harness import history
+from capsafe_harness.report import pairs, render_html, render_markdown, search_bound, write_reports
 
 
 def entry(nodeid, classification="pass", runs=4, failures=0, **kw):

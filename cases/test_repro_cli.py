@@ -9,16 +9,16 @@ import pytest
 
 from capsafe import hazards
 from capsafe.handles import CaptureMode, StreamKind
-from repro import cli, hazard_matrix
+from capsafe_repro import cli, hazard_matrix
 
 
 def test_unwritable_json_path_is_one_line_and_exit_2(tmp_path: Path, capsys) -> None:
     (tmp_path / "taken").write_text("")
     target = tmp_path / "taken" / "result.json"
-    assert cli.run_main(lambda: cli.finish({}, target, True), "repro.x") == 2
+    assert cli.run_main(lambda: cli.finish({}, target, True), "capsafe_repro.x") == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
-    assert err.startswith(f"repro.x: cannot write --json {target}: ")
+    assert err.startswith(f"capsafe_repro.x: cannot write --json {target}: ")
 
 
 @pytest.mark.parametrize("stdout", ["Segmentation fault?\n", "42\n"])

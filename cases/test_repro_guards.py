@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from repro import cli
+from capsafe_repro import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,7 +34,7 @@ def _run(args: list[str], tmp_path: Path) -> tuple[subprocess.CompletedProcess[s
 
 @pytest.mark.timeout(60)
 def test_default_stream_race_is_stale_without_and_clean_with_test_stream(tmp_path: Path) -> None:
-    done, result = _run(["-m", "repro.default_stream_race", "--trials", "4"], tmp_path)
+    done, result = _run(["-m", "capsafe_repro.default_stream_race", "--trials", "4"], tmp_path)
     assert result["ok"] is True
     assert result["backend"].startswith("sim")
     racy, safe = result["legacy_stream_read"], result["test_stream"]
@@ -46,7 +46,7 @@ def test_default_stream_race_is_stale_without_and_clean_with_test_stream(tmp_pat
 
 @pytest.mark.timeout(60)
 def test_frozen_config_shows_the_silent_phase_the_guard_and_the_remedy(tmp_path: Path) -> None:
-    done, result = _run(["-m", "repro.frozen_config"], tmp_path)
+    done, result = _run(["-m", "capsafe_repro.frozen_config"], tmp_path)
     assert result["one_process_without_guard"] == ["fast", "fast"]
     assert "MYAPP_KERNEL: frozen 'fast', now 'slow'" in result["guard_error"]
     assert [child["kernel"] for child in result["child_per_phase"]] == ["fast", "slow"]
@@ -56,7 +56,7 @@ def test_frozen_config_shows_the_silent_phase_the_guard_and_the_remedy(tmp_path:
 
 @pytest.mark.timeout(60)
 def test_context_warmup_fails_alone_and_passes_after_the_state_setter(tmp_path: Path) -> None:
-    _done, result = _run(["-m", "repro.context_warmup", "--backend", "sim"], tmp_path)
+    _done, result = _run(["-m", "capsafe_repro.context_warmup", "--backend", "sim"], tmp_path)
     alone, warmed, fixed = result["scenarios"].values()
     assert [o["passed"] for o in alone] == [False]
     assert "CUDA_ERROR_INVALID_CONTEXT" in alone[0]["error"]
@@ -89,7 +89,7 @@ def test_the_repro_command_lists_and_refuses_unknown_names(
 @pytest.mark.timeout(60)
 def test_the_repro_command_passes_arguments_through(tmp_path: Path) -> None:
     out = tmp_path / "fc.json"
-    args = _parse(["repro", "repro.frozen_config", "--json", str(out), "--backend", "sim"])
+    args = _parse(["repro", "capsafe_repro.frozen_config", "--json", str(out), "--backend", "sim"])
     assert args.args == ["--json", str(out), "--backend", "sim"]
     assert cli.run(args) == 0
     assert json.loads(out.read_text())["ok"] is True

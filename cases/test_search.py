@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from harness.search import CountingOracle, bisect, ddmin, search
+from capsafe_harness.search import CountingOracle, bisect, ddmin, search
 
 
 def needs(*culprits: str, log: list[tuple[str, ...]] | None = None):

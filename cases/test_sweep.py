@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.sweep import SweepOptions, run_seeds, run_sweep, suite_root
+from capsafe_harness.sweep import SweepOptions, run_seeds, run_sweep, suite_root
 
 FAST = ("--", "-p", "no:run-parallel", "-p", "no:hypothesispytest")  # lighter test processes
 REPORT_FILES = ("records.jsonl", "tests.csv", "summary.json", "report.md", "report.html")

@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 
 from capsafe.cli import main
-from harness import sweep
+from capsafe_harness import sweep
 
 
 @pytest.fixture

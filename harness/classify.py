@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from harness.records import Record
+from .records import Record
 
 CLASSES = ("fail", "order-dependent", "brittle", "flaky", "pass")
 """Every classification, worst first: the order the report sorts by."""

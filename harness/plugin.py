@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from harness import order
-from harness.records import MESSAGE_LIMIT, Record, RecordWriter, records_path
+from . import order
+from .records import MESSAGE_LIMIT, Record, RecordWriter, records_path
 
 DEFAULT_WATCH_ENV = "CAPSAFE_,CUDA_"
 PLUGIN_NAME = "capsafe-run"
@@ -309,7 +309,7 @@ class CapsafeRun:
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         if self.settings.neighbors and not self.config.option.collectonly:
-            from harness.neighbors import Neighbors
+            from .neighbors import Neighbors
 
             neighbors = Neighbors(self.settings.neighbors)
             problem = neighbors.start()

@@ -17,9 +17,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.classify import CLASSES, severity
-from harness.history import trends
-from harness.records import Record, to_json
+from .classify import CLASSES, severity
+from .history import trends
+from .records import Record, to_json
 
 CELL_LABELS = {
     "pass": "passed",

@@ -35,9 +35,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from harness import classify as cl
-from harness import history, order, report, search, stats
-from harness.records import Record, load_records
+from . import classify as cl
+from . import history, order, report, search, stats
+from .records import Record, load_records
 
 SWEEP_TMP_ENV = "CAPSAFE_SWEEP_TMP"
 """Set for every test process: a fresh empty directory of its own, removed afterwards."""

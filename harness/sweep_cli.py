@@ -16,7 +16,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from harness import sweep
+from . import sweep
 
 EPILOG = """\
 exit codes:

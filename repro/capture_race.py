@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from repro.cli import device_facts, finish, reproducer_parser, run_main, select_backend
+from .cli import device_facts, finish, reproducer_parser, run_main, select_backend
 
 BUFFER_BYTES = 4096
 INSTANTIATE_EVERY = 1000
@@ -311,4 +311,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(main, "repro.capture_race"))
+    sys.exit(run_main(main, "capsafe_repro.capture_race"))

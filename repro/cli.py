@@ -1,7 +1,7 @@
 """`capsafe repro`: list the reproducers in this package and run one.
 
 Every module directly in `repro/` (except this one and private `_` modules) is
-a reproducer runnable as `python -m repro.NAME`; the list is discovered, so a
+a reproducer runnable as `python -m capsafe_repro.NAME`; the list is discovered, so a
 new reproducer shows up without touching this file. `capsafe repro NAME ARGS`
 runs it in a fresh interpreter: reproducers set process-wide state (the driver
 backend, frozen configuration) that must not leak between them.
@@ -24,20 +24,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import repro
 from capsafe.errors import BackendUnavailable, UsageError
 
 EXIT_USAGE = 2
+_PACKAGE_DIR = Path(__file__).resolve().parent
 SELF = "cli"
 
 
 def reproducers() -> dict[str, str]:
     """Reproducer module name -> first line of its docstring, sorted by name."""
     found = {}
-    for info in pkgutil.iter_modules(repro.__path__):
+    for info in pkgutil.iter_modules([str(_PACKAGE_DIR)]):
         if info.ispkg or info.name == SELF or info.name.startswith("_"):
             continue
-        found[info.name] = _summary(Path(repro.__path__[0]) / f"{info.name}.py")
+        found[info.name] = _summary(_PACKAGE_DIR / f"{info.name}.py")
     return dict(sorted(found.items()))
 
 
@@ -72,19 +72,15 @@ def run(args: argparse.Namespace) -> int:
         for name, summary in found.items():
             print(f"{name:<{width}}  {summary}")
         return 0
-    name = args.name.removeprefix("repro.").replace("-", "_")
+    name = args.name.removeprefix(f"{__package__}.").removeprefix("repro.").replace("-", "_")
     if name not in found:
         print(
             f"capsafe repro: no reproducer {args.name!r}; choose one of: {', '.join(found)}",
             file=sys.stderr,
         )
         return EXIT_USAGE
-    command = [sys.executable, "-m", f"repro.{name}", *args.args]
-    return subprocess.run(command, cwd=_package_root(), check=False).returncode
-
-
-def _package_root() -> str:
-    return str(Path(repro.__path__[0]).resolve().parent)
+    command = [sys.executable, "-m", f"{__package__}.{name}", *args.args]
+    return subprocess.run(command, check=False).returncode
 
 
 # -- shared by the reproducers -----------------------------------------------------
@@ -92,7 +88,7 @@ def _package_root() -> str:
 
 def reproducer_parser(module_doc: str | None, module: str | None = None) -> argparse.ArgumentParser:
     """An argument parser with --json and --backend, described by the module docstring;
-    `module` (e.g. "repro.frozen_config") names the program `python -m module`."""
+    `module` (e.g. "capsafe_repro.frozen_config") names the program `python -m module`."""
     doc = (module_doc or "").strip()
     parser = argparse.ArgumentParser(
         prog=None if module is None else f"python -m {module}",

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from capsafe.errors import CudaError
-from repro.cli import finish, reproducer_parser, run_main, select_backend
+from .cli import finish, reproducer_parser, run_main, select_backend
 
 PATTERN = 0x5A
 SIZE = 4096
@@ -139,4 +139,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(main, "repro.context_warmup"))
+    sys.exit(run_main(main, "capsafe_repro.context_warmup"))

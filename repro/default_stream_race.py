@@ -20,7 +20,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from repro.cli import device_facts, finish, reproducer_parser, run_main, select_backend
+from .cli import device_facts, finish, reproducer_parser, run_main, select_backend
 
 MIB = 1024 * 1024
 BUSY_FILLS = 4  # fills of the scratch buffer queued ahead of each trial's fill
@@ -163,4 +163,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(main, "repro.default_stream_race"))
+    sys.exit(run_main(main, "capsafe_repro.default_stream_race"))

@@ -22,7 +22,7 @@ import subprocess
 import sys
 
 from capsafe.config import Environ, FrozenConfig, FrozenConfigError, runtime_config
-from repro.cli import finish, reproducer_parser, run_main, select_backend
+from .cli import finish, reproducer_parser, run_main, select_backend
 
 VARIABLE = "MYAPP_KERNEL"
 PHASES = ("fast", "slow")
@@ -51,7 +51,7 @@ def run_phases_in_one_process(guard: bool) -> list[str]:
 def run_phase_in_child(value: str) -> dict[str, str]:
     env = {**os.environ, VARIABLE: value}
     done = subprocess.run(
-        [sys.executable, "-m", "repro.frozen_config", CHILD_FLAG],
+        [sys.executable, "-m", "capsafe_repro.frozen_config", CHILD_FLAG],
         env=env,
         capture_output=True,
         text=True,
@@ -131,4 +131,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(main, "repro.frozen_config"))
+    sys.exit(run_main(main, "capsafe_repro.frozen_config"))

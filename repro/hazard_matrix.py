@@ -9,7 +9,7 @@ a capture never sees another process's calls), so no trial inherits state a
 previous one left behind; the simulated device runs each trial on a fresh
 in-process `SimBackend`, which isolates it just as well and takes milliseconds.
 
-    python -m repro.hazard_matrix --backend cuda --compare --json hazard.jsonl
+    python -m capsafe_repro.hazard_matrix --backend cuda --compare --json hazard.jsonl
 
 prints the matrix, one summary line, and with --compare exits 1 listing every
 cell where the measurement disagrees with the table.
@@ -34,7 +34,7 @@ from capsafe.backend_cuda import bindings_version, unavailable_reason
 from capsafe.context import CudaDevice
 from capsafe.errors import BackendUnavailable, CapsafeError
 from capsafe.handles import CaptureMode, StreamKind
-from repro.cli import run_main, write_output
+from .cli import run_main, write_output
 
 KEYS = ("call", "mode", "stream", "caller", "call_result", "end_capture")
 TRIAL_TIMEOUT_S = 120.0
@@ -145,7 +145,7 @@ def _in_fresh_process(backend_name: str) -> Callable[[Cell], Row]:
 
     def run(cell: Cell) -> Row:
         call, mode, stream, caller = cell
-        command = [sys.executable, "-m", "repro.hazard_matrix", "--backend", backend_name]
+        command = [sys.executable, "-m", "capsafe_repro.hazard_matrix", "--backend", backend_name]
         command += ["--trial", call, CaptureMode.parse(mode).value, StreamKind(stream).value]
         command.append(caller)
         reruns = -1
@@ -312,7 +312,7 @@ def rules_markdown() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m repro.hazard_matrix",
+        prog="python -m capsafe_repro.hazard_matrix",
         description=(
             "Measure, for every call in capsafe.hazards x capture mode x capture-stream kind x "
             "calling thread, what the call returns while a capture is open and how the capture "
@@ -418,4 +418,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(main, "repro.hazard_matrix"))
+    sys.exit(run_main(main, "capsafe_repro.hazard_matrix"))
