@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 from importlib.metadata import entry_points
 
+from capsafe.config import SettingError, check_settings
 from capsafe.errors import CapsafeError
 
 EXIT_USAGE = 2
@@ -50,6 +51,11 @@ def _unavailable(name: str, exc: ImportError) -> Callable[[argparse.Namespace], 
     return run
 
 
+def setting_error_line(exc: SettingError) -> str:
+    """The one line every capsafe entry point prints for a bad setting."""
+    return f"capsafe: {exc}"
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -66,7 +72,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
+        check_settings()
         return int(args.func(args) or 0)
+    except SettingError as exc:
+        print(setting_error_line(exc), file=sys.stderr)
+        return EXIT_USAGE
     except CapsafeError as exc:
         print(f"capsafe {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -25,6 +25,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Generic, TypeVar
 
 from capsafe.errors import CapsafeError, UsageError
@@ -77,11 +78,16 @@ class FrozenConfigError(CapsafeError, RuntimeError):
         lines.append(f"the process keeps the frozen values; {REMEDY}")
         super().__init__("\n".join(lines))
 
-    def __reduce__(self):  # exact across xdist and multiprocessing
+    def __reduce__(self) -> tuple[type[FrozenConfigError], tuple[str, list[Change], str]]:
+        # exact across xdist and multiprocessing
         return (type(self), (self.config, self.changes, self.frozen_at))
 
 
 # -- the guard switch ---------------------------------------------------------
+
+
+FROZEN_GUARD_VARIABLE = "CAPSAFE_FROZEN_GUARD"
+"""Read by the guard switch alone (it decides how the others are read, so it is not one of them)."""
 
 
 class _GuardSwitch:
@@ -96,7 +102,7 @@ class _GuardSwitch:
 
     def settle(self, environ: Mapping[str, str]) -> None:
         if not self.settled:
-            self.on = parse_bool(environ, "CAPSAFE_FROZEN_GUARD", default=False)
+            self.on = parse_bool(environ, FROZEN_GUARD_VARIABLE, default=False)
             self.settled = True
 
 
@@ -210,7 +216,7 @@ class _FixedGuard:
 
 def _caller_site() -> str:
     """file:line of the innermost frame outside the capsafe package."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
         frame = frame.f_back
     if frame is None:
@@ -222,6 +228,14 @@ def _caller_site() -> str:
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
+
+
+class SettingError(UsageError):
+    """An environment variable holds a value its setting cannot take.
+
+    A setting is not any one command's mistake, so every entry point reports it the
+    same way: `capsafe: NAME='value' is not valid; use one of: ...`, exit 2.
+    """
 
 
 def _value(environ: Environ, name: str) -> str | None:
@@ -242,7 +256,7 @@ def parse_bool(environ: Environ, name: str, default: bool) -> bool:
     if word in FALSE_WORDS:
         return False
     accepted = ", ".join(TRUE_WORDS + FALSE_WORDS)
-    raise UsageError(f"{name}={raw!r} is not a boolean; use one of: {accepted}")
+    raise SettingError(f"{name}={raw!r} is not a boolean; use one of: {accepted}")
 
 
 def parse_choice(environ: Environ, name: str, choices: tuple[str, ...], default: str) -> str:
@@ -251,7 +265,7 @@ def parse_choice(environ: Environ, name: str, choices: tuple[str, ...], default:
     if raw is None:
         return default
     if raw.lower() not in choices:
-        raise UsageError(f"{name}={raw!r} is not valid; use one of: {', '.join(choices)}")
+        raise SettingError(f"{name}={raw!r} is not valid; use one of: {', '.join(choices)}")
     return raw.lower()
 
 
@@ -265,7 +279,9 @@ def parse_size(environ: Environ, name: str, default: int) -> int:
     except ValueError:
         size = -1
     if size < 0:
-        raise UsageError(f"{name}={raw!r} is not a byte count; use an integer >= 0 (0 = unbounded)")
+        raise SettingError(
+            f"{name}={raw!r} is not a byte count; use an integer >= 0 (0 = unbounded)"
+        )
     return size
 
 
@@ -286,8 +302,6 @@ class RuntimeConfig:
     kernel_cache_enabled: bool = True
     kernel_cache_dir: Path | None = None
     kernel_cache_max_bytes: int = DEFAULT_KERNEL_CACHE_MAX_BYTES
-    cuda_graphs: bool = True
-    frozen_guard: bool = False
 
     VARIABLES = (
         "CAPSAFE_BACKEND",
@@ -296,8 +310,6 @@ class RuntimeConfig:
         "CAPSAFE_KERNEL_CACHE",
         "CAPSAFE_KERNEL_CACHE_DIR",
         "CAPSAFE_KERNEL_CACHE_MAX_BYTES",
-        "CAPSAFE_CUDA_GRAPHS",
-        "CAPSAFE_FROZEN_GUARD",
     )
 
     @classmethod
@@ -313,9 +325,18 @@ class RuntimeConfig:
             kernel_cache_max_bytes=parse_size(
                 environ, "CAPSAFE_KERNEL_CACHE_MAX_BYTES", DEFAULT_KERNEL_CACHE_MAX_BYTES
             ),
-            cuda_graphs=parse_bool(environ, "CAPSAFE_CUDA_GRAPHS", True),
-            frozen_guard=parse_bool(environ, "CAPSAFE_FROZEN_GUARD", False),
         )
+
+
+def check_settings(environ: Mapping[str, str] | None = None) -> RuntimeConfig:
+    """Parse every capsafe setting now, freezing nothing; `SettingError` names the first bad one.
+
+    Commands call this first, so a bad value is one line and exit 2 before any work starts,
+    whichever command the user ran.
+    """
+    env = os.environ if environ is None else environ
+    parse_bool(env, FROZEN_GUARD_VARIABLE, default=False)
+    return RuntimeConfig.from_environ(env)
 
 
 RUNTIME = FrozenConfig("capsafe", RuntimeConfig.VARIABLES, RuntimeConfig.from_environ)

@@ -15,6 +15,8 @@ from capsafe.config import (
     FrozenConfig,
     FrozenConfigError,
     RuntimeConfig,
+    SettingError,
+    check_settings,
     find_changed,
 )
 from capsafe.errors import CapsafeError, UsageError
@@ -154,8 +156,6 @@ def test_runtime_config_from_an_explicit_mapping() -> None:
             "CAPSAFE_KERNEL_CACHE": "no",
             "CAPSAFE_KERNEL_CACHE_DIR": "/tmp/k",
             "CAPSAFE_KERNEL_CACHE_MAX_BYTES": "0",
-            "CAPSAFE_CUDA_GRAPHS": "false",
-            "CAPSAFE_FROZEN_GUARD": "yes",
         }
     )
     assert config == RuntimeConfig(
@@ -165,8 +165,6 @@ def test_runtime_config_from_an_explicit_mapping() -> None:
         kernel_cache_enabled=False,
         kernel_cache_dir=Path("/tmp/k"),
         kernel_cache_max_bytes=0,
-        cuda_graphs=False,
-        frozen_guard=True,
     )
 
 
@@ -176,18 +174,31 @@ def test_runtime_config_from_an_explicit_mapping() -> None:
         ("CAPSAFE_BACKEND", "gpu", "cuda, sim, auto"),
         ("CAPSAFE_GATE_POLICY", "yolo", "conservative, measured"),
         ("CAPSAFE_GATE", "maybe", "1, true, yes, on, 0, false, no, off"),
-        ("CAPSAFE_FROZEN_GUARD", "2", "1, true, yes, on, 0, false, no, off"),
         ("CAPSAFE_KERNEL_CACHE_MAX_BYTES", "-1", "integer >= 0"),
         ("CAPSAFE_KERNEL_CACHE_MAX_BYTES", "1GB", "integer >= 0"),
     ],
 )
 def test_runtime_config_parse_errors_are_one_line(variable: str, value: str, expected: str) -> None:
-    with pytest.raises(UsageError) as caught:
-        RuntimeConfig.from_environ({variable: value})
+    with pytest.raises(SettingError) as caught:
+        check_settings({variable: value})
     message = str(caught.value)
     assert "\n" not in message
     assert f"{variable}={value!r}" in message
     assert expected in message
+
+
+def test_check_settings_covers_the_guard_switch_and_freezes_nothing() -> None:
+    with pytest.raises(SettingError, match="CAPSAFE_FROZEN_GUARD='2' is not a boolean"):
+        check_settings({"CAPSAFE_FROZEN_GUARD": "2"})
+    assert check_settings({"CAPSAFE_BACKEND": "SIM"}).backend == "sim"
+
+
+def test_every_runtime_field_is_fed_by_one_watched_variable() -> None:
+    """No setting parsed and unused: each field has its variable, each variable its field."""
+    fields = set(RuntimeConfig.__dataclass_fields__)
+    assert len(fields) == len(RuntimeConfig.VARIABLES)
+    for variable in RuntimeConfig.VARIABLES:
+        assert variable.startswith("CAPSAFE_")
 
 
 def _run_child(code: str, **env: str) -> subprocess.CompletedProcess[str]:

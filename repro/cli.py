@@ -24,6 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from capsafe.cli import setting_error_line
+from capsafe.config import SettingError, check_settings
 from capsafe.errors import BackendUnavailable, UsageError
 
 EXIT_USAGE = 2
@@ -108,7 +110,11 @@ def reproducer_parser(module_doc: str | None, module: str | None = None) -> argp
 def run_main(main: Callable[[], int], name: str) -> int:
     """Run a reproducer's main: a bad setting or a missing GPU is one line and exit 2."""
     try:
+        check_settings()
         return main()
+    except SettingError as exc:
+        print(setting_error_line(exc), file=sys.stderr)
+        return EXIT_USAGE
     except (UsageError, BackendUnavailable) as exc:
         print(f"{name}: {exc}", file=sys.stderr)
         return EXIT_USAGE

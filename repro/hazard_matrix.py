@@ -322,8 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--backend",
         choices=("sim", "cuda"),
-        default="sim",
-        help="sim: the simulated device (default); cuda: the real driver (needs a GPU)",
+        help="sim: the simulated device; cuda: the real driver (needs a GPU); "
+        "default: CAPSAFE_BACKEND, where auto takes cuda when a GPU answers",
     )
     parser.add_argument("--json", metavar="PATH", help="write one JSON object per trial here")
     parser.add_argument(
@@ -380,6 +380,14 @@ def _parse_trial(parser: argparse.ArgumentParser, trial: Sequence[str]) -> Cell:
         parser.error(f"bad --trial {' '.join(trial)}: {exc}")
 
 
+def _default_backend() -> str:
+    """CAPSAFE_BACKEND, parsed as every capsafe command parses it; auto decided here."""
+    name = driver.requested_backend()
+    if name == "auto":
+        return "sim" if unavailable_reason() else "cuda"
+    return name
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -389,6 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(rules_markdown())
         return 0
     try:
+        args.backend = args.backend or _default_backend()
         if args.trial:
             return _trial_main(_parse_trial(parser, args.trial), args.backend)
         cells = _selected_cells(parser, args.calls)
