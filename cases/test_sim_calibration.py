@@ -22,7 +22,8 @@ from capsafe.backend_sim import (
 )
 from capsafe.errors import CaptureInvalidated, CudaError
 from capsafe.handles import LEGACY_STREAM, CaptureMode
-from capsafe.hazard_calls import NOOP_KERNEL, NOOP_PTX, run_trial
+from capsafe.hazard_actions import NOOP_KERNEL, NOOP_PTX
+from capsafe.hazard_trial import run_trial
 
 N = 1 << 16
 

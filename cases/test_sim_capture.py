@@ -13,14 +13,14 @@ from capsafe.backend import Backend
 from capsafe.backend_sim import SimBackend
 from capsafe.errors import CaptureInvalidated, CudaError
 from capsafe.handles import LEGACY_STREAM, CaptureMode, CaptureStatus, Stream, StreamKind
+from capsafe.hazard_actions import ACTIONS
 from capsafe.hazard_calls import (
-    ACTIONS,
     METHOD_CALLS,
     STREAM_WAIT_METHODS,
     STREAM_WORK_METHODS,
     hazard_call,
-    run_trial,
 )
+from capsafe.hazard_trial import run_trial
 
 CELLS = list(hazards.cells())
 

@@ -20,7 +20,6 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,49 +59,6 @@ class Tally:
         }
 
 
-class HazardCycle:
-    """Every capture-breaking call of the hazard table, repeatable, on one thread's resources."""
-
-    def __init__(self, drv: Any, capturing: Any) -> None:
-        from capsafe.handles import LEGACY_STREAM
-        from capsafe.hazard_calls import NOOP_PTX
-
-        d = self.d = drv
-        self.capturing = capturing
-        self.other = d.stream_create(nonblocking=True)
-        self.event = d.event_create()
-        self.ptr = d.mem_alloc(BUFFER_BYTES)
-        self.host = bytearray(BUFFER_BYTES)
-        n, other, legacy = BUFFER_BYTES, self.other, LEGACY_STREAM
-        self.actions: dict[str, Callable[[], Any]] = {
-            "mem_alloc": lambda: d.mem_free(d.mem_alloc(n)),
-            "mem_free": lambda: d.mem_free(d.mem_alloc(n)),
-            "mem_alloc_free": lambda: d.mem_free(d.mem_alloc(n)),
-            "mem_alloc_async_other": lambda: d.mem_free_async(d.mem_alloc_async(n, other), other),
-            "host_alloc": lambda: d.mem_free_host(d.mem_host_alloc(n)),
-            "host_free": lambda: d.mem_free_host(d.mem_host_alloc(n)),
-            "module_unload": lambda: d.module_unload(d.module_load_data(NOOP_PTX)),
-            "event_sync_other": self._event_sync,
-            "stream_sync_other": lambda: d.stream_synchronize(other),
-            "stream_query_capturing": lambda: d.stream_query(capturing),
-            "ctx_sync": d.ctx_synchronize,
-            "memcpy_htod": lambda: d.memcpy_htod(self.ptr, self.host),
-            "memcpy_dtoh": lambda: d.memcpy_dtoh(self.host, self.ptr),
-            "memset_sync": lambda: d.memset_d8(self.ptr, 0, n),
-            "memset_async_legacy": lambda: d.memset_d8_async(self.ptr, 0, n, legacy),
-        }
-
-    def _event_sync(self) -> None:
-        self.d.event_record(self.event, self.other)
-        self.d.event_synchronize(self.event)
-
-    def close(self) -> None:
-        self.d.ctx_synchronize()
-        self.d.mem_free(self.ptr)
-        self.d.event_destroy(self.event)
-        self.d.stream_destroy(self.other)
-
-
 def allocator(
     drv: Any,
     index: int,
@@ -112,17 +68,18 @@ def allocator(
     hazards: bool,
     ready: threading.Barrier,
 ) -> None:
-    """Make capture-breaking calls until `stop`, counting calls and errors."""
+    """Make capture-breaking calls until `stop`, counting calls and errors.
+
+    With `hazards`, every capture-breaking action of `capsafe.hazard_actions`
+    in turn; otherwise `mem_alloc_free` only.
+    """
     from capsafe.context import device
     from capsafe.errors import CudaError
+    from capsafe.hazard_actions import BREAKING, BY_NAME, ActionKit
 
     device(0)  # binds the context in this thread
-    cycle = HazardCycle(drv, capturing) if hazards else None
-    actions = (
-        list(cycle.actions.values())
-        if cycle
-        else [lambda: drv.mem_free(drv.mem_alloc(BUFFER_BYTES))]
-    )
+    kit = ActionKit(drv, capturing=capturing)
+    actions = BREAKING if hazards else (BY_NAME["mem_alloc_free"],)
     ready.wait()
     calls = 0
     try:
@@ -130,15 +87,14 @@ def allocator(
             if stop.is_set():
                 break
             try:
-                action()
+                kit.run(action)
             except CudaError as exc:
                 tally.allocator_errors[exc.result] += 1
             calls += 1
             tally.allocator_calls[index] = calls
     finally:
-        if cycle is not None:
-            stop.wait()
-            cycle.close()
+        stop.wait()  # the kit's teardown must not break the captures still running
+        kit.close()
 
 
 def capture_loop(

@@ -3,7 +3,7 @@
 For every cell of `capsafe.hazards.cells()` (call x capture mode x capture-stream
 kind x calling thread) one trial opens a capture, makes the call, ends the
 capture and records both results. The trial itself is
-`capsafe.hazard_calls.run_trial`, the same code the simulated device is tested
+`capsafe.hazard_trial.run_trial`, the same code the simulated device is tested
 with. On the real driver each trial runs in a fresh process (trials in parallel:
 a capture never sees another process's calls), so no trial inherits state a
 previous one left behind; the simulated device runs each trial on a fresh
@@ -34,6 +34,7 @@ from capsafe.backend_cuda import bindings_version, unavailable_reason
 from capsafe.context import CudaDevice
 from capsafe.errors import BackendUnavailable, CapsafeError
 from capsafe.handles import CaptureMode, StreamKind
+
 from .cli import run_main, write_output
 
 KEYS = ("call", "mode", "stream", "caller", "call_result", "end_capture")
@@ -107,7 +108,7 @@ def _row(cell: Cell, call_result: str, end_capture: str, capturing_after: str = 
 
 def measure(backend: Backend, cell: Cell) -> Row:
     """Run one trial on an initialized `backend`; a trial that cannot run becomes an ERROR row."""
-    from capsafe.hazard_calls import run_trial
+    from capsafe.hazard_trial import run_trial
 
     try:
         CudaDevice(backend, 0).bind()  # the process's own retained, bound primary context
