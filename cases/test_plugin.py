@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
 import pytest
+from capsafe_harness import neighbors, order
+from capsafe_harness.records import (
+    DETAILS_LIMIT,
+    MESSAGE_LIMIT,
+    MESSAGE_LINES,
+    Record,
+    fold_outcome,
+    from_json,
+    load_records,
+    read_records,
+)
 
 from capsafe import hazards
-from capsafe_harness import neighbors, order
-from capsafe_harness.records import Record, load_records, read_records
 
 pytest_plugins = ["pytester"]
 
@@ -277,18 +287,19 @@ def test_plugin_imports_nothing_heavy(pytester: pytest.Pytester, tmp_path: Path,
 
 
 def test_reader_skips_malformed_lines(tmp_path: Path):
-    good = {k: 0 for k in KEYS} | {"phase": "call", "signals": []}
+    good = {k: 0 for k in KEYS} | {"phase": "call", "outcome": "passed", "signals": []}
     lines = [
         json.dumps(good),
         "not json",
         "[1, 2]",
         json.dumps({"nodeid": "x"}),
+        json.dumps(good | {"outcome": "exploded"}),
         '{"nodeid": "a", "ph',
     ]
     (tmp_path / "records-r-gw0-1.jsonl").write_text("\n".join(lines))
     (tmp_path / "unrelated.txt").write_text("ignored")
     rows, skipped = load_records(tmp_path)
-    assert rows == [good] and skipped == 4
+    assert rows == [good] and skipped == 5
     assert read_records(tmp_path / "records-r-gw0-1.jsonl") == [good]
     assert read_records(tmp_path / "missing") == []
 
@@ -308,3 +319,75 @@ def test_unusable_records_dir_or_replay_file_is_a_usage_error(
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*--capsafe-replay: cannot read {binary}: *"])
     assert "Traceback" not in result.stderr.str()
+
+
+def test_outcomes_messages_and_times_of_every_kind_of_result(
+    pytester: pytest.Pytester, tmp_path: Path
+):
+    """Problem 10: skipped, xfailed and xpassed are their own outcomes (not pass), each
+    non-pass row carries its first lines and the full text, and every phase its times."""
+    pytester.makepyfile(
+        test_kinds="""
+        import pytest
+        def test_ok(): pass
+        def test_bad():
+            lines = "\\n".join(f"line {i}" for i in range(40))
+            assert 0, lines + "x" * 9000
+        def test_skipped(): pytest.skip("not today")
+        @pytest.mark.xfail(reason="known bug")
+        def test_xfailed(): assert 0, "still broken"
+        @pytest.mark.xfail(reason="fixed upstream")
+        def test_xpassed(): pass
+        """
+    )
+    result = pytester.runpytest("-p", "no:xdist", f"--capsafe-records={tmp_path}")
+    result.assert_outcomes(passed=1, failed=1, skipped=1, xfailed=1, xpassed=1)
+    rows = read_records(tmp_path)
+    by_test: dict[str, list[Record]] = {}
+    for r in rows:
+        by_test.setdefault(r["nodeid"].split("::")[1], []).append(r)
+    outcome = {name: fold_outcome(r["outcome"] for r in rs) for name, rs in by_test.items()}
+    assert outcome == {
+        "test_ok": "passed",
+        "test_bad": "failed",
+        "test_skipped": "skipped",
+        "test_xfailed": "xfailed",
+        "test_xpassed": "xpassed",
+    }
+    calls = {r["nodeid"].split("::")[1]: r for r in rows_by_phase(tmp_path)}
+    bad = calls["test_bad"]
+    assert bad["message"].startswith("AssertionError: line 0\n")
+    assert len(bad["message"].splitlines()) == MESSAGE_LINES and "line 5" not in bad["message"]
+    assert len(bad["message"]) <= MESSAGE_LIMIT
+    assert len(bad["details"]) == DETAILS_LIMIT and "AssertionError" in bad["details"]
+    assert "still broken" in calls["test_xfailed"]["message"]
+    assert "fixed upstream" in calls["test_xpassed"]["message"]
+    (skip_row,) = [r for r in by_test["test_skipped"] if r["outcome"] == "skipped"]
+    assert "not today" in skip_row["message"]
+    assert calls["test_ok"]["message"] == calls["test_ok"]["details"] == ""
+    for rs in by_test.values():
+        phases = sorted(rs, key=lambda r: PHASE_ORDER.index(r["phase"]))
+        assert all(r["start"] <= r["stop"] <= r["time"] for r in phases)
+        assert all(a["stop"] <= b["start"] for a, b in itertools.pairwise(phases))
+
+
+PHASE_ORDER = ("setup", "call", "teardown")
+
+
+def test_rows_of_the_older_format_read_with_defaults(tmp_path: Path):
+    old = {
+        "nodeid": "t.py::t", "phase": "call", "outcome": "failed", "duration": 0.5,
+        "run_id": "r", "seed": None, "worker": "gw0", "index": 0, "pid": 1,
+        "signals": [], "message": "boom", "time": 100.0,
+    }  # fmt: skip
+    row = from_json(json.dumps(old))
+    assert row["details"] == "boom"
+    assert (row["start"], row["stop"]) == (99.5, 100.0)
+
+
+def test_fold_outcome_puts_failure_first_then_xfail_results_then_skip():
+    assert fold_outcome(["passed", "failed", "skipped"]) == "failed"
+    assert fold_outcome(["passed", "xfailed", "passed"]) == "xfailed"
+    assert fold_outcome(["skipped", "passed"]) == "skipped"
+    assert fold_outcome(["passed", "passed", "passed"]) == "passed"
+    assert fold_outcome([]) == "passed"

@@ -15,13 +15,14 @@ import os
 import random
 import sys
 import time
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from . import order
-from .records import MESSAGE_LIMIT, Record, RecordWriter, records_path
+from .records import Outcome, Record, RecordWriter, bounded_details, first_lines, records_path
 
 DEFAULT_WATCH_ENV = "CAPSAFE_,CUDA_"
 PLUGIN_NAME = "capsafe-run"
@@ -254,21 +255,35 @@ def _signals(text: str, exc_names: tuple[str, ...]) -> list[str]:
     return found
 
 
-def _message(report: pytest.TestReport) -> str:
+def _outcome(report: pytest.TestReport) -> Outcome:
+    """pytest's outcome, with xfail's two results told apart from skipped and passed."""
+    if hasattr(report, "wasxfail"):
+        if report.skipped:
+            return "xfailed"
+        if report.passed:
+            return "xpassed"
+    return report.outcome
+
+
+def _message(report: pytest.TestReport) -> tuple[str, str]:
+    """(first lines, full text bounded) of a non-pass report: the failure, skip or xfail reason."""
     longrepr = report.longrepr
-    if longrepr is None:
-        return ""
+    reason = str(getattr(report, "wasxfail", "") or "")
+    if longrepr is None:  # an xpass: only the reason it was expected to fail
+        text = f"expected to fail ({reason})" if reason else "expected to fail"
+        return first_lines(text), text
     if isinstance(longrepr, tuple):  # a skip: (path, lineno, reason)
-        return str(longrepr[2])[:MESSAGE_LIMIT]
+        text = str(longrepr[2])
+        return first_lines(text), bounded_details(text)
     crash = getattr(longrepr, "reprcrash", None)
-    text = crash.message if crash is not None else str(longrepr)
-    return text[:MESSAGE_LIMIT]
+    head = crash.message if crash is not None else str(longrepr)
+    return first_lines(head), bounded_details(report.longreprtext)
 
 
 def _crash_line(text: str) -> str:
     """xdist's "worker 'gwN' crashed while running ..." line, without its platform header."""
     lines = [line for line in text.splitlines() if CRASH_MARK in line]
-    return (lines[-1] if lines else text)[:MESSAGE_LIMIT]
+    return first_lines(lines[-1] if lines else text)
 
 
 class CapsafeRun:
@@ -380,7 +395,9 @@ class CapsafeRun:
             self.env_before = _env_snapshot()
 
     @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]):
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         report = yield
         if self.writer is not None and call.excinfo is not None:
             names = tuple(cls.__name__ for cls in type(call.excinfo.value).__mro__)
@@ -391,21 +408,23 @@ class CapsafeRun:
         node = getattr(report, "node", None)
         if node is not None:  # a worker's report arriving at the xdist controller
             if self.settings.records:
-                self._controller_saw(report, node.gateway.id)
+                self._controller_saw(report, node.gateway.id, self.settings.records)
             return
         if self.writer is None:
             return
         exc_names = self.exc_names.pop((report.nodeid, report.when), ())
         signals: list[str] = []
-        message = ""
-        if report.outcome != "passed":
-            message = _message(report)
+        outcome = _outcome(report)
+        message = details = ""
+        if outcome != "passed":
+            message, details = _message(report)
             if report.failed:
                 signals = _signals(report.longreprtext, exc_names)
+        now = time.time()
         row: Record = {
             "nodeid": report.nodeid,
-            "phase": report.when,  # type: ignore[typeddict-item]
-            "outcome": report.outcome,
+            "phase": report.when,
+            "outcome": outcome,
             "duration": report.duration,
             "run_id": self.settings.run_id,
             "seed": self.settings.seed,
@@ -414,7 +433,10 @@ class CapsafeRun:
             "pid": self.pid,
             "signals": signals,
             "message": message,
-            "time": time.time(),
+            "details": details,
+            "start": getattr(report, "start", now - report.duration),
+            "stop": getattr(report, "stop", now),
+            "time": now,
         }
         if report.when == "teardown":
             after = _env_snapshot()
@@ -426,7 +448,7 @@ class CapsafeRun:
                 row["signals"] = [*signals, "env-leak"]
         self.writer.write(row)
 
-    def _controller_saw(self, report: pytest.TestReport, worker: str) -> None:
+    def _controller_saw(self, report: pytest.TestReport, worker: str, records: str) -> None:
         if report.when == "setup":
             self.started[worker] = self.started.get(worker, 0) + 1
             self.last_setup[worker] = report.nodeid
@@ -435,6 +457,7 @@ class CapsafeRun:
             return
         started = self.started.get(worker, 0)
         index = started - 1 if self.last_setup.get(worker) == report.nodeid else started
+        now = time.time()
         row: Record = {
             "nodeid": report.nodeid,
             "phase": "call",
@@ -444,21 +467,23 @@ class CapsafeRun:
             "seed": self.settings.seed,
             "worker": worker,
             "index": index,
-            "pid": self._worker_pid(worker),
+            "pid": self._worker_pid(records, worker),
             "signals": ["crash"],
             "message": _crash_line(report.longreprtext),
-            "time": time.time(),
+            "details": bounded_details(report.longreprtext),
+            "start": getattr(report, "start", now - report.duration),
+            "stop": getattr(report, "stop", now),
+            "time": now,
         }
         if self.writer is None:
-            path = records_path(
-                self.settings.records, self.settings.run_id, CONTROLLER, os.getpid()
+            self.writer = RecordWriter(
+                records_path(records, self.settings.run_id, CONTROLLER, os.getpid())
             )
-            self.writer = RecordWriter(path)
         self.writer.write(row)
 
-    def _worker_pid(self, worker: str) -> int:
+    def _worker_pid(self, records: str, worker: str) -> int:
         """The crashed worker's pid, read from the newest records file it opened (0 if none)."""
-        prefix = records_path(self.settings.records, self.settings.run_id, worker, 0)
+        prefix = records_path(records, self.settings.run_id, worker, 0)
         files = sorted(
             prefix.parent.glob(prefix.name.replace("-0.jsonl", "-*.jsonl")),
             key=lambda p: p.stat().st_mtime,

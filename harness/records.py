@@ -5,6 +5,10 @@ and flushes after every line, so a worker that dies mid-test loses at most the
 line it was writing. The reader therefore skips malformed or truncated lines
 (counting them) instead of failing the whole sweep over one half-written row.
 
+Readers are tolerant of older files: a row written before a field existed gets
+that field's default when read (`from_json`), so every consumer can rely on
+every field of `Record`.
+
 This module is imported by the plugin in every test process: stdlib only.
 """
 
@@ -13,19 +17,23 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Literal, NotRequired, TypedDict
 
 log = logging.getLogger("capsafe.harness")
 
 PHASES = ("setup", "call", "teardown")
-OUTCOMES = ("passed", "failed", "skipped")
 SIGNALS = ("capture-invalidated", "frozen-config", "env-leak", "timeout", "crash")
-MESSAGE_LIMIT = 500
+MESSAGE_LINES = 5  # `message`: the first lines of the failure ...
+MESSAGE_LIMIT = 500  # ... and at most this many characters of them
+DETAILS_LIMIT = 8000  # `details`: the whole report text, its last characters when longer
 FILE_GLOB = "records-*.jsonl"
 
 Phase = Literal["setup", "call", "teardown"]
-Outcome = Literal["passed", "failed", "skipped"]
+Outcome = Literal["passed", "failed", "skipped", "xfailed", "xpassed"]
+OUTCOMES: tuple[Outcome, ...] = ("failed", "xpassed", "xfailed", "skipped", "passed")
+"""Every phase outcome; the first present decides a test's outcome (see `fold_outcome`)."""
 
 
 class Record(TypedDict):
@@ -42,11 +50,16 @@ class Record(TypedDict):
     pid: int
     signals: list[str]
     env_leak: NotRequired[dict[str, list[str | None]]]  # only with the "env-leak" signal
-    message: str  # first MESSAGE_LIMIT characters of the failure, "" when it passed
+    message: str  # first lines of the failure or skip reason, "" when it passed
+    details: str  # the full report text (traceback), bounded; "" when it passed
+    start: float  # unix time the phase started ...
+    stop: float  # ... and ended: tells which tests ran at the same time in other workers
     time: float  # unix time the row was written
 
 
-_REQUIRED = tuple(k for k in Record.__annotations__ if k != "env_leak")
+_ADDED = ("details", "start", "stop")
+"""Fields newer than the first record format: filled in by `from_json` for older rows."""
+_REQUIRED = tuple(k for k in Record.__annotations__ if k != "env_leak" and k not in _ADDED)
 
 
 _encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
@@ -67,7 +80,37 @@ def from_json(line: str) -> Record:
         raise ValueError(f"record lacks {', '.join(missing)}")
     if row["phase"] not in PHASES:
         raise ValueError(f"record has unknown phase {row['phase']!r}")
+    if row["outcome"] not in OUTCOMES:
+        raise ValueError(f"record has unknown outcome {row['outcome']!r}")
+    row.setdefault("details", row["message"])
+    row.setdefault("stop", row["time"])
+    row.setdefault("start", row["stop"] - row["duration"])
     return row  # type: ignore[return-value]
+
+
+def first_lines(text: str) -> str:
+    """The head of a failure for a table cell: MESSAGE_LINES lines, MESSAGE_LIMIT characters."""
+    head = "\n".join(text.strip("\n").splitlines()[:MESSAGE_LINES])
+    return head if len(head) <= MESSAGE_LIMIT else head[: MESSAGE_LIMIT - 1] + "…"
+
+
+def bounded_details(text: str) -> str:
+    """The full report text, or its last DETAILS_LIMIT characters (where the error is)."""
+    return text if len(text) <= DETAILS_LIMIT else "…" + text[-(DETAILS_LIMIT - 1) :]
+
+
+def fold_outcome(outcomes: Iterable[str]) -> Outcome:
+    """One test's outcome from its phases' outcomes: the first of OUTCOMES among them.
+
+    A failure in any phase fails the test; an xfail/skip in setup or call is the
+    test's outcome even though its teardown passed; "passed" only when nothing else.
+    """
+    seen = set(outcomes)
+    for outcome in OUTCOMES:
+        if outcome in seen:
+            return outcome
+    return "passed"
+
 
 
 def records_path(directory: str | os.PathLike[str], run_id: str, worker: str, pid: int) -> Path:
