@@ -21,14 +21,16 @@ import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from capsafe.backend import Backend
 from capsafe.errors import CudaError
+
 from .cli import finish, reproducer_parser, run_main, select_backend
 
 PATTERN = 0x5A
 SIZE = 4096
 
 
-def _exercise(backend) -> None:
+def _exercise(backend: Backend) -> None:
     """The body every version of the test shares: allocate, fill, read back, check, free."""
     ptr = backend.mem_alloc(SIZE)
     try:

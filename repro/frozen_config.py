@@ -22,6 +22,7 @@ import subprocess
 import sys
 
 from capsafe.config import Environ, FrozenConfig, FrozenConfigError, runtime_config
+
 from .cli import finish, reproducer_parser, run_main, select_backend
 
 VARIABLE = "MYAPP_KERNEL"
@@ -58,7 +59,8 @@ def run_phase_in_child(value: str) -> dict[str, str]:
         check=True,
         timeout=120,
     )
-    return json.loads(done.stdout)
+    result: dict[str, str] = json.loads(done.stdout)
+    return result
 
 
 def child_main() -> int:
