@@ -6,7 +6,17 @@
 set -uo pipefail
 OUT=${OUT:-reports/gpu}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+# capsafe as users install it: the wheels under .whl/ (capsafe's own, built from this
+# tree with `pip wheel --no-deps -w .whl .`, and any the machine lacks, e.g. platformdirs)
+# go into a private site directory; without them, an editable install of the tree.
+SITE=${SITE:-$(mktemp -d)}
+if compgen -G ".whl/capsafe-*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/*.whl
+    export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH} PATH=$SITE/bin:$PATH
+else
+    python3 -m pip install -q --no-deps --no-build-isolation -e .
+fi
+export PYTHONUNBUFFERED=1
 export CAPSAFE_KERNEL_CACHE_DIR=${CAPSAFE_KERNEL_CACHE_DIR:-$(mktemp -d)}
 PY=${PYTHON:-python3}
 failed=()
@@ -27,13 +37,13 @@ step() {  # step NAME COMMAND...: run, log to $OUT/NAME.log, remember failures
 
 export CAPSAFE_BACKEND=${BACKEND:-cuda}  # BACKEND=sim dry-runs this script without a GPU
 step cuda_tests $PY -m pytest -m cuda -q -rA -p no:cacheprovider -p no:randomly cases
-step hazard_matrix $PY -m repro.hazard_matrix --backend "$CAPSAFE_BACKEND" --compare --json "$OUT/hazard_matrix.jsonl"
-step capture_race_off $PY -m repro.capture_race --backend "$CAPSAFE_BACKEND" --mode global --gate off --threads 4 --seconds 2 --json "$OUT/capture_race_off.json"
-step capture_race_on $PY -m repro.capture_race --backend "$CAPSAFE_BACKEND" --mode global --gate on --threads 4 --seconds 2 --json "$OUT/capture_race_on.json"
-step capture_race_hazards $PY -m repro.capture_race --backend "$CAPSAFE_BACKEND" --mode global --gate on --threads 4 --seconds 2 --hazards --json "$OUT/capture_race_hazards.json"
-step default_stream_race $PY -m repro.default_stream_race --backend "$CAPSAFE_BACKEND" --json "$OUT/default_stream_race.json"
-step frozen_config $PY -m repro.frozen_config --backend "$CAPSAFE_BACKEND" --json "$OUT/frozen_config.json"
-step context_warmup $PY -m repro.context_warmup --backend "$CAPSAFE_BACKEND" --json "$OUT/context_warmup.json"
+step hazard_matrix $PY -m capsafe_repro.hazard_matrix --backend "$CAPSAFE_BACKEND" --compare --json "$OUT/hazard_matrix.jsonl"
+step capture_race_off $PY -m capsafe_repro.capture_race --backend "$CAPSAFE_BACKEND" --mode global --gate off --threads 4 --seconds 2 --json "$OUT/capture_race_off.json"
+step capture_race_on $PY -m capsafe_repro.capture_race --backend "$CAPSAFE_BACKEND" --mode global --gate on --threads 4 --seconds 2 --json "$OUT/capture_race_on.json"
+step capture_race_hazards $PY -m capsafe_repro.capture_race --backend "$CAPSAFE_BACKEND" --mode global --gate on --threads 4 --seconds 2 --hazards --json "$OUT/capture_race_hazards.json"
+step default_stream_race $PY -m capsafe_repro.default_stream_race --backend "$CAPSAFE_BACKEND" --json "$OUT/default_stream_race.json"
+step frozen_config $PY -m capsafe_repro.frozen_config --backend "$CAPSAFE_BACKEND" --json "$OUT/frozen_config.json"
+step context_warmup $PY -m capsafe_repro.context_warmup --backend "$CAPSAFE_BACKEND" --json "$OUT/context_warmup.json"
 step bench_gate $PY benchmarks/gate.py
 step bench_kernel_cache_gpu $PY benchmarks/kernel_cache_gpu.py
 # The capture suite holds a planted failure, so this sweep's own exit code is 1 when it works.
