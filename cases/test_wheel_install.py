@@ -100,6 +100,15 @@ def test_the_wheel_installs_capsafe_names_only(wheel: Path) -> None:
     tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
     packages = {top for top in tops if not top.endswith((".dist-info", ".data"))}
     assert packages == {"capsafe", "capsafe_harness", "capsafe_repro"}
+    installed = set(zipfile.ZipFile(wheel).namelist())
+    tree = {"capsafe": "capsafe", "harness": "capsafe_harness", "repro": "capsafe_repro"}
+    expected = {
+        f"{name}/{module.relative_to(ROOT / directory).as_posix()}"
+        for directory, name in tree.items()
+        for module in (ROOT / directory).rglob("*.py")
+        if "suites" not in module.relative_to(ROOT / directory).parts
+    }
+    assert not expected - installed, "modules missing from the wheel"
 
 
 def test_a_project_with_its_own_harness_and_repro_is_unchanged(wheel: Path, tmp_path: Path) -> None:
