@@ -1,0 +1,265 @@
+"""cuda.core through the capture gate.
+
+- `GatedMemoryResource(inner)`: a `MemoryResource` that allocates and frees
+  through `inner` (the device's default, stream-ordered resource) inside the
+  gate's shared side. A buffer the capturing thread frees inside its own window
+  is released at the window's end, unless it was allocated inside that window
+  (then its free is captured with it, as cuda.core would do).
+- `capture(builder, mode)`: `GraphBuilder.begin_building` .. `end_building` as a
+  `with` block holding the gate's exclusive side.
+- `install()`: every `Device.memory_resource` (the default one and any a user
+  sets) is seen through a `GatedMemoryResource`, and `GraphBuilder.begin_building`
+  / `end_building` / `close` hold the exclusive side as `capture()` does.
+  `GraphBuilder` is a Cython extension type whose attributes Python cannot set,
+  so the methods are replaced in the type's own dictionary (CPython only, see
+  `_patch`): every Python-level call sees them.
+
+cuda.core is imported by these calls only, never by importing this module.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from capsafe import driver as _driver
+from capsafe.backend import Backend
+from capsafe.errors import UsageError
+from capsafe.handles import CaptureMode, StreamKind
+
+from ._patch import Patches
+from ._windows import Windows, exclusive, gate_of
+
+windows = Windows()  # builders that are building, by id
+_lock = threading.Lock()
+_installed: _Installation | None = None
+
+
+def _core() -> tuple[Any, Any]:
+    """(the cuda.core module with Device and MemoryResource, the GraphBuilder class)."""
+    try:
+        core = importlib.import_module("cuda.core")
+        builder = importlib.import_module("cuda.core.graph").GraphBuilder
+    except (ImportError, AttributeError):  # cuda.core before 1.0
+        core = importlib.import_module("cuda.core.experimental")
+        builder = core.GraphBuilder
+    return core, builder
+
+
+def _stream_handle(stream: Any) -> int:
+    stream = getattr(stream, "stream", stream)  # a GraphBuilder orders work on its stream
+    return 0 if stream is None else int(stream.handle)
+
+
+def _alloc_call(stream: Any) -> str:
+    # The hazard-table name of a stream-ordered allocation or free on `stream`.
+    return "memset_async_legacy" if _stream_handle(stream) in (0, 1) else "mem_alloc_async_other"
+
+
+@functools.cache
+def _resource_class() -> type:
+    core, _ = _core()
+
+    class GatedMemoryResource(core.MemoryResource):  # type: ignore[misc, name-defined]
+        """`inner`'s allocations and frees, each inside the gate's shared side."""
+
+        def __init__(self, inner: Any, driver: Backend | None = None) -> None:
+            self.inner = inner
+            self._gate = gate_of(driver if driver is not None else _driver.get())
+            self._buffers: dict[int, Any] = {}  # our pointer -> inner's buffer (owns it)
+            self._in_window: set[int] = set()  # allocated inside the capturing thread's window
+
+        def allocate(self, size: int, stream: Any = None) -> Any:
+            gate = self._gate
+            if gate is None:
+                buffer = self.inner.allocate(size, stream=stream)
+            else:
+                gate.enter(_alloc_call(stream))
+                try:
+                    buffer = self.inner.allocate(size, stream=stream)
+                finally:
+                    gate.exit()
+            ptr = int(buffer.handle)
+            self._buffers[ptr] = buffer
+            if gate is not None and gate.owned_by_current_thread():
+                self._in_window.add(ptr)
+            return core.Buffer.from_handle(ptr, size, mr=self, stream=stream)
+
+        def deallocate(self, ptr: Any, size: int, stream: Any = None) -> None:
+            key = int(ptr)
+            buffer = self._buffers.pop(key, None)
+            if buffer is None:
+                raise UsageError(f"pointer {key:#x} was not allocated by this resource")
+            gate = self._gate
+            if gate is None:
+                buffer.close(stream)
+                return
+            inside = key in self._in_window
+            self._in_window.discard(key)
+            if not inside and gate.defer_if_capturing(self._close, buffer, stream):
+                return
+            self._close(buffer, stream)
+
+        def _close(self, buffer: Any, stream: Any) -> None:
+            assert self._gate is not None
+            self._gate.enter(_alloc_call(stream))
+            try:
+                buffer.close(stream)
+            finally:
+                self._gate.exit()
+
+        @property
+        def is_device_accessible(self) -> bool:
+            return bool(self.inner.is_device_accessible)
+
+        @property
+        def is_host_accessible(self) -> bool:
+            return bool(self.inner.is_host_accessible)
+
+        @property
+        def is_managed(self) -> bool:
+            return bool(getattr(self.inner, "is_managed", False))
+
+        @property
+        def device_id(self) -> int:
+            return int(self.inner.device_id)
+
+    return GatedMemoryResource
+
+
+def GatedMemoryResource(inner: Any, driver: Backend | None = None) -> Any:
+    """A gated view of `inner` (see the module doc); the class is built on first use."""
+    return _resource_class()(inner, driver)
+
+
+def _kind(builder: Any) -> StreamKind:
+    stream = builder.stream
+    return (
+        StreamKind.NONBLOCKING if getattr(stream, "is_nonblocking", True) else StreamKind.BLOCKING
+    )
+
+
+def _begin(driver: Backend, builder: Any, mode: str, begin: Any) -> Any:
+    ours = CaptureMode.parse(mode)
+    return windows.begin(
+        id(builder),
+        lambda: exclusive(
+            driver,
+            ours,
+            lambda: _kind(builder),
+            f"cuda.core GraphBuilder {id(builder):#x} ({ours})",
+        ),
+        lambda: begin(builder, mode),
+    )
+
+
+class _Installation:
+    def __init__(self, core: Any, builder_cls: Any, driver: Backend) -> None:
+        self.patches = Patches()
+        device_cls = core.Device
+        prop = device_cls.__dict__["memory_resource"]
+        views: dict[int, Any] = {}  # id(inner) -> its gated view (inner kept alive by the view)
+
+        def gated_view(device: Any) -> Any:
+            inner = prop.fget(device)
+            if isinstance(inner, _resource_class()):
+                return inner
+            view = views.get(id(inner))
+            if view is None or view.inner is not inner:
+                view = views[id(inner)] = GatedMemoryResource(inner, driver)
+            return view
+
+        self.patches.replace(device_cls, "memory_resource", property(gated_view, prop.fset))
+        self.original_begin = builder_cls.__dict__["begin_building"]
+        self.original_end = builder_cls.__dict__["end_building"]
+        self.original_close = builder_cls.__dict__["close"]
+        begin, end, close = self.original_begin, self.original_end, self.original_close
+
+        def begin_building(builder: Any, mode: str = "relaxed") -> Any:
+            return _begin(driver, builder, mode, begin)
+
+        def end_building(builder: Any) -> Any:
+            return windows.end(id(builder), lambda: end(builder))
+
+        def close_builder(builder: Any) -> Any:
+            return windows.end(id(builder), lambda: close(builder))
+
+        self.patches.replace(builder_cls, "begin_building", begin_building)
+        self.patches.replace(builder_cls, "end_building", end_building)
+        self.patches.replace(builder_cls, "close", close_builder)
+
+
+def install(driver: Backend | None = None) -> bool:
+    """Gate cuda.core's device memory and graph building; False when already installed."""
+    global _installed
+    with _lock:
+        if _installed is not None:
+            return False
+        core, builder_cls = _core()
+        _installed = _Installation(
+            core, builder_cls, driver if driver is not None else _driver.get()
+        )
+        return True
+
+
+def uninstall() -> bool:
+    """Undo `install()`; False when it was not installed. Refused while a builder is building."""
+    global _installed
+    with _lock:
+        if _installed is None:
+            return False
+        if len(windows):
+            raise UsageError(
+                f"capsafe.integrations.cuda_core: {len(windows)} graph builder(s) still "
+                "building; end them before uninstalling"
+            )
+        _installed.patches.restore()
+        _installed = None
+        return True
+
+
+def is_installed() -> bool:
+    return _installed is not None
+
+
+@contextmanager
+def installed(driver: Backend | None = None) -> Iterator[None]:
+    """`install()` for the block; undone at its end only if this block installed it."""
+    changed = install(driver)
+    try:
+        yield
+    finally:
+        if changed:
+            uninstall()
+
+
+@contextmanager
+def capture(
+    builder: Any, mode: CaptureMode | str = CaptureMode.RELAXED, *, driver: Backend | None = None
+) -> Iterator[Any]:
+    """`builder.begin_building(mode)` .. `end_building()` holding the gate's exclusive side.
+
+        with capsafe.integrations.cuda_core.capture(device.create_graph_builder()) as gb:
+            launch(gb, config, kernel, *args)
+        graph = gb.complete()
+
+    When the body raises, building is still ended (closing the builder if the
+    capture was invalidated) and the body's error propagates.
+    """
+    _, builder_cls = _core()
+    driver = driver if driver is not None else _driver.get()
+    state = _installed
+    begin = state.original_begin if state is not None else builder_cls.begin_building
+    end = state.original_end if state is not None else builder_cls.end_building
+    close = state.original_close if state is not None else builder_cls.close
+    _begin(driver, builder, CaptureMode.parse(mode).value, begin)
+    try:
+        yield builder
+    except BaseException:
+        windows.end(id(builder), lambda: close(builder))
+        raise
+    windows.end(id(builder), lambda: end(builder))

@@ -1,0 +1,294 @@
+"""CuPy through the capture gate, with no change to the code that uses CuPy.
+
+`install()` (idempotent; `uninstall()` or the `installed()` context manager undo it):
+
+- device memory: a new `cupy.cuda.MemoryPool` becomes CuPy's allocator and
+  default pool. Its base allocator is a `PythonFunctionAllocator` whose malloc
+  and free are the facade's gated `mem_alloc` / `mem_free`: pool hits never touch
+  the gate, pool growth and release take its shared side, and a release the
+  capturing thread triggers inside its own window is deferred to the window's end;
+- pinned memory: likewise through a `PinnedMemoryPool` over `mem_host_alloc` /
+  `mem_free_host`, set with `set_pinned_memory_allocator`;
+- captures: `Stream.begin_capture` / `end_capture` (defined on CuPy's plain-Python
+  `_BaseStream`, so every `Stream` and `ExternalStream` sees the replacement) take
+  the gate's exclusive side for the whole window; `end_capture` releases it, also
+  when it raises.
+
+`capture(stream, mode)` is the same window as a `with` block for new code, with
+or without `install()`. CuPy is imported by these calls only, never by importing
+this module.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from typing import Any
+
+from capsafe import driver as _driver
+from capsafe.backend import Backend
+from capsafe.errors import CudaError, UsageError
+from capsafe.handles import CaptureMode, Context, DevicePtr, HostPtr, StreamKind
+
+from ._patch import Patches, defining_class
+from ._windows import Windows, exclusive
+
+#: Driver errors whose CUDA runtime error has the same number: re-raised as CuPy's own
+#: CUDARuntimeError, so CuPy's pool still frees cached blocks and retries on out-of-memory
+#: and a capture-breaking allocation reads as CuPy users expect.
+RUNTIME_CODES = {
+    "CUDA_ERROR_OUT_OF_MEMORY": 2,
+    "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED": 900,
+    "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED": 901,
+    "CUDA_ERROR_STREAM_CAPTURE_MERGE": 902,
+    "CUDA_ERROR_STREAM_CAPTURE_UNMATCHED": 903,
+    "CUDA_ERROR_STREAM_CAPTURE_UNJOINED": 904,
+    "CUDA_ERROR_STREAM_CAPTURE_ISOLATION": 905,
+    "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT": 906,
+    "CUDA_ERROR_CAPTURED_EVENT": 907,
+    "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD": 908,
+}
+_MODE_NAMES = {
+    CaptureMode.GLOBAL: "streamCaptureModeGlobal",
+    CaptureMode.THREAD_LOCAL: "streamCaptureModeThreadLocal",
+    CaptureMode.RELAXED: "streamCaptureModeRelaxed",
+}
+
+windows = Windows()  # captures begun through the hooks or `capture()`, by stream pointer
+_lock = threading.Lock()
+_installed: _Installation | None = None
+
+
+def _cupy() -> Any:
+    return importlib.import_module("cupy")
+
+
+class GatedAllocator:
+    """Device and pinned memory for CuPy's pools, allocated and freed through `driver`."""
+
+    def __init__(self, cupy: Any, driver: Backend) -> None:
+        self._cupy = cupy
+        self._driver = driver
+        self._contexts: dict[int, Context] = {}
+        self._tls = threading.local()
+        self._lock = threading.Lock()
+        self.malloc: Callable[[int], Any] = cupy.cuda.PythonFunctionAllocator(
+            self._device_malloc, self._device_free
+        ).malloc
+
+    def _bind(self, device_id: int) -> None:
+        # CuPy calls its allocator with `device_id` current; the runtime may not have
+        # made that device's primary context current on this thread yet.
+        if getattr(self._tls, "device", None) == device_id:
+            return
+        if self._driver.ctx_get_current() is None:
+            context = self._contexts.get(device_id)
+            if context is None:
+                with self._lock:
+                    context = self._contexts.get(device_id)
+                    if context is None:  # retained once, never released (see capsafe.context)
+                        device = self._driver.device_get(device_id)
+                        context = self._contexts[device_id] = self._driver.primary_ctx_retain(
+                            device
+                        )
+            self._driver.ctx_set_current(context)
+        self._tls.device = device_id
+
+    def _runtime_error(self, exc: CudaError) -> BaseException:
+        code = RUNTIME_CODES.get(exc.result)
+        return exc if code is None else self._cupy.cuda.runtime.CUDARuntimeError(code)
+
+    def _device_malloc(self, size: int, device_id: int) -> int:
+        self._bind(device_id)
+        try:
+            return self._driver.mem_alloc(size).value
+        except CudaError as exc:
+            raise self._runtime_error(exc) from exc
+
+    def _device_free(self, ptr: int, device_id: int) -> None:
+        self._bind(device_id)
+        self._driver.mem_free(DevicePtr(ptr))
+
+    def pinned(self, size: int) -> Any:
+        """A `PinnedMemoryPointer` to `size` new bytes of page-locked host memory."""
+        device_id = self._cupy.cuda.get_device_id()
+        self._bind(device_id)
+        try:
+            memory = GatedPinnedMemory(size, self._driver.mem_host_alloc(size) if size else None)
+        except CudaError as exc:
+            raise self._runtime_error(exc) from exc
+        if memory.host is not None:
+            weakref.finalize(memory, self._host_free, memory.host, device_id)
+        return self._cupy.cuda.PinnedMemoryPointer(memory, 0)
+
+    def _host_free(self, host: HostPtr, device_id: int) -> None:
+        self._bind(device_id)
+        self._driver.mem_free_host(host)
+
+
+class GatedPinnedMemory:
+    """Page-locked host memory in the shape CuPy's pinned pool expects (`ptr`, `size`)."""
+
+    def __init__(self, size: int, host: HostPtr | None) -> None:
+        self.size = size
+        self.host = host
+        self.ptr = 0 if host is None else host.value
+
+    def __int__(self) -> int:
+        return self.ptr
+
+
+def _mode(cupy: Any, mode: Any) -> CaptureMode:
+    """The capsafe mode of a CuPy mode (None: CuPy's default, relaxed; an int; a name)."""
+    if mode is None:
+        return CaptureMode.RELAXED
+    if isinstance(mode, str):
+        return CaptureMode.parse(mode)
+    for ours, name in _MODE_NAMES.items():
+        if mode == getattr(cupy.cuda.runtime, name):
+            return ours
+    return CaptureMode.GLOBAL  # CuPy will refuse it; the strictest rules meanwhile
+
+
+def _kind(stream: Any) -> StreamKind:
+    return StreamKind.NONBLOCKING if stream.is_non_blocking else StreamKind.BLOCKING
+
+
+def _window(driver: Backend, cupy: Any, stream: Any, mode: Any, begin: Callable[[], None]) -> None:
+    ours = _mode(cupy, mode)
+    windows.begin(
+        stream.ptr,
+        lambda: exclusive(
+            driver, ours, lambda: _kind(stream), f"CuPy stream {stream.ptr:#x} ({ours})"
+        ),
+        begin,
+    )
+
+
+class _Installation:
+    """What `install()` changed, so `uninstall()` can put it back."""
+
+    def __init__(self, cupy: Any, driver: Backend) -> None:
+        cuda = cupy.cuda
+        self.cupy = cupy
+        self.allocator = GatedAllocator(cupy, driver)
+        self.pool = cuda.MemoryPool(self.allocator.malloc)
+        self.pinned_pool = cuda.PinnedMemoryPool(self.allocator.pinned)
+        self.previous_allocator = cuda.get_allocator()
+        self.previous_pool = cupy._default_memory_pool
+        self.previous_pinned_pool = cupy._default_pinned_memory_pool
+        self.patches = Patches()
+        owner = defining_class(cuda.Stream, "begin_capture")
+        begin = self.original_begin = owner.__dict__["begin_capture"]
+        end = self.original_end = defining_class(cuda.Stream, "end_capture").__dict__["end_capture"]
+
+        def begin_capture(stream: Any, mode: Any = None) -> None:
+            _window(driver, cupy, stream, mode, lambda: begin(stream, mode))
+
+        def end_capture(stream: Any) -> Any:
+            return windows.end(stream.ptr, lambda: end(stream))
+
+        begin_capture.__doc__, end_capture.__doc__ = begin.__doc__, end.__doc__
+        cuda.set_allocator(self.pool.malloc)
+        cuda.set_pinned_memory_allocator(self.pinned_pool.malloc)
+        cupy._default_memory_pool = self.pool
+        cupy._default_pinned_memory_pool = self.pinned_pool
+        self.patches.replace(owner, "begin_capture", begin_capture)
+        self.patches.replace(defining_class(cuda.Stream, "end_capture"), "end_capture", end_capture)
+
+    def undo(self) -> None:
+        cupy, cuda = self.cupy, self.cupy.cuda
+        self.patches.restore()
+        cuda.set_allocator(self.previous_allocator)
+        # CuPy has no getter for the pinned allocator: back to its default pool's.
+        cuda.set_pinned_memory_allocator(self.previous_pinned_pool.malloc)
+        cupy._default_memory_pool = self.previous_pool
+        cupy._default_pinned_memory_pool = self.previous_pinned_pool
+        self.pool.free_all_blocks()
+        self.pinned_pool.free_all_blocks()
+
+
+def install(driver: Backend | None = None) -> bool:
+    """Route CuPy's memory and captures through the gate of `driver` (default `driver.get()`).
+
+    Returns False when already installed (nothing changes).
+    """
+    global _installed
+    with _lock:
+        if _installed is not None:
+            return False
+        _installed = _Installation(_cupy(), driver if driver is not None else _driver.get())
+        return True
+
+
+def uninstall() -> bool:
+    """Undo `install()`; False when it was not installed. Refused while a capture is open."""
+    global _installed
+    with _lock:
+        if _installed is None:
+            return False
+        if len(windows):
+            raise UsageError(
+                f"capsafe.integrations.cupy: {len(windows)} capture(s) still open; "
+                "end them before uninstalling"
+            )
+        _installed.undo()
+        _installed = None
+        return True
+
+
+def is_installed() -> bool:
+    return _installed is not None
+
+
+@contextmanager
+def installed(driver: Backend | None = None) -> Iterator[None]:
+    """`install()` for the block; undone at its end only if this block installed it."""
+    changed = install(driver)
+    try:
+        yield
+    finally:
+        if changed:
+            uninstall()
+
+
+class Captured:
+    """The result of a `capture()` block: `graph` is CuPy's `Graph` once the block ended."""
+
+    graph: Any = None
+
+
+@contextmanager
+def capture(
+    stream: Any, mode: CaptureMode | str = CaptureMode.RELAXED, *, driver: Backend | None = None
+) -> Iterator[Captured]:
+    """Capture CuPy work on `stream` in `mode`, holding the gate's exclusive side throughout.
+
+        with capsafe.integrations.cupy.capture(stream, "relaxed") as cap:
+            y = x * 2
+        cap.graph.launch(stream)
+
+    The stream becomes CuPy's current stream inside the block. When the body
+    raises, the capture is still ended (so the stream stays usable), the graph is
+    dropped and the body's error propagates.
+    """
+    cupy = _cupy()
+    driver = driver if driver is not None else _driver.get()
+    ours = CaptureMode.parse(mode)
+    state = _installed
+    begin = state.original_begin if state is not None else type(stream).begin_capture
+    end = state.original_end if state is not None else type(stream).end_capture
+    result = Captured()
+    native = getattr(cupy.cuda.runtime, _MODE_NAMES[ours])
+    _window(driver, cupy, stream, ours.value, lambda: begin(stream, native))
+    try:
+        with stream:
+            yield result
+    except BaseException:
+        with suppress(Exception):  # the body's error is the story; the capture is over anyway
+            windows.end(stream.ptr, lambda: end(stream))
+        raise
+    result.graph = windows.end(stream.ptr, lambda: end(stream))

@@ -1,0 +1,362 @@
+"""capsafe.integrations.cupy against a small fake of CuPy's hook points, on the sim backend.
+
+The fake `cupy` module (injected into sys.modules) has what the integration
+touches: `cuda.MemoryPool` over a base allocator, `PythonFunctionAllocator`,
+`set_allocator`/`get_allocator`, the pinned pool and its setter, a plain-Python
+`_BaseStream` whose `begin_capture`/`end_capture` call the (raw, ungated) sim
+driver the way CuPy calls the runtime, and `runtime.CUDARuntimeError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import threading
+import time
+import types
+
+import pytest
+
+from capsafe.driver import GatedDriver
+from capsafe.errors import CaptureInvalidated, CudaError, UsageError
+from capsafe.gate import CaptureGate
+from capsafe.handles import CaptureMode
+from capsafe.integrations import cupy as integration
+
+pytestmark = pytest.mark.timeout(60)
+MiB = 1 << 20
+
+
+class CUDARuntimeError(RuntimeError):
+    def __init__(self, status: int) -> None:
+        self.status = status
+        super().__init__(f"cudaError {status}")
+
+
+class _Memory:
+    """PythonFunctionAllocator's memory: malloc at creation, free on `release()`."""
+
+    def __init__(self, size, malloc, free):
+        self.size, self._free = size, free
+        self.ptr = malloc(size, 0)
+
+    def release(self):
+        if self.ptr:
+            self._free(self.ptr, 0)
+            self.ptr = 0
+
+
+class PythonFunctionAllocator:
+    def __init__(self, malloc, free):
+        self._malloc, self._free = malloc, free
+
+    def malloc(self, size):
+        return types.SimpleNamespace(mem=_Memory(size, self._malloc, self._free), ptr=None)
+
+
+class MemoryPool:
+    """Caches released blocks by size; grows through its base allocator."""
+
+    def __init__(self, allocator=None):
+        self._allocator = allocator
+        self._free: dict[int, list] = {}
+        self.growths = 0
+
+    def malloc(self, size):
+        cached = self._free.get(size)
+        if cached:
+            return cached.pop()
+        self.growths += 1
+        return self._allocator(size).mem
+
+    def free(self, mem):
+        self._free.setdefault(mem.size, []).append(mem)
+
+    def free_all_blocks(self, stream=None):
+        for mems in self._free.values():
+            for mem in mems:
+                mem.release()
+        self._free.clear()
+
+
+class PinnedMemoryPointer:
+    def __init__(self, mem, offset):
+        self.mem, self.ptr = mem, mem.ptr + offset
+
+
+class PinnedMemoryPool:
+    def __init__(self, allocator):
+        self._alloc = allocator
+        self._free: list = []
+
+    def malloc(self, size):
+        return PinnedMemoryPointer(self._free.pop() if self._free else self._alloc(size).mem, 0)
+
+    def free_all_blocks(self):
+        self._free.clear()
+
+
+def fake_cupy(sim):
+    """A fresh fake `cupy` whose streams capture on `sim` directly (no gate)."""
+    runtime = types.SimpleNamespace(
+        streamCaptureModeGlobal=0,
+        streamCaptureModeThreadLocal=1,
+        streamCaptureModeRelaxed=2,
+        errorMemoryAllocation=2,
+        CUDARuntimeError=CUDARuntimeError,
+    )
+    modes = {0: CaptureMode.GLOBAL, 1: CaptureMode.THREAD_LOCAL, 2: CaptureMode.RELAXED}
+
+    class _BaseStream:
+        def __init__(self, non_blocking=True):
+            self.handle = sim.stream_create(nonblocking=non_blocking)
+            self.ptr = self.handle.value
+            self.is_non_blocking = non_blocking
+            self.end_error: BaseException | None = None
+
+        def begin_capture(self, mode=None):
+            sim.stream_begin_capture(self.handle, modes[2 if mode is None else mode])
+
+        def end_capture(self):
+            graph = sim.stream_end_capture(self.handle)
+            if self.end_error is not None:
+                raise self.end_error
+            return graph
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+    class Stream(_BaseStream):
+        pass
+
+    state = {}
+
+    def set_allocator(allocator=None):
+        state["allocator"] = allocator
+
+    def set_pinned_memory_allocator(allocator=None):
+        state["pinned"] = allocator
+
+    default_pool = MemoryPool(lambda size: None)
+    default_pinned = PinnedMemoryPool(lambda size: None)
+    cuda = types.SimpleNamespace(
+        Stream=Stream,
+        MemoryPool=MemoryPool,
+        PinnedMemoryPool=PinnedMemoryPool,
+        PinnedMemoryPointer=PinnedMemoryPointer,
+        PythonFunctionAllocator=PythonFunctionAllocator,
+        set_allocator=set_allocator,
+        get_allocator=lambda: state["allocator"],
+        set_pinned_memory_allocator=set_pinned_memory_allocator,
+        get_device_id=lambda: 0,
+        runtime=runtime,
+    )
+    module = types.ModuleType("cupy")
+    module.cuda = cuda
+    module._default_memory_pool = default_pool
+    module._default_pinned_memory_pool = default_pinned
+    module.state = state
+    set_allocator(default_pool.malloc)
+    set_pinned_memory_allocator(default_pinned.malloc)
+    return module
+
+
+@pytest.fixture
+def cupy(sim_backend, monkeypatch):
+    fake = fake_cupy(sim_backend)
+    monkeypatch.setitem(__import__("sys").modules, "cupy", fake)
+    yield fake
+    if integration.is_installed():
+        integration.windows.release_all()
+        integration.uninstall()
+
+
+@pytest.fixture
+def facade(sim_backend):
+    return GatedDriver(sim_backend, CaptureGate())
+
+
+def used(sim) -> int:
+    free, total = sim.mem_get_info()
+    return total - free
+
+
+def test_install_is_idempotent_and_uninstall_restores_everything(cupy, facade):
+    begin, end = cupy.cuda.Stream.begin_capture, cupy.cuda.Stream.end_capture
+    allocator = cupy.cuda.get_allocator()
+    pool, pinned = cupy._default_memory_pool, cupy._default_pinned_memory_pool
+
+    assert integration.install(facade) is True
+    ours = cupy._default_memory_pool
+    assert integration.install(facade) is False  # a second install changes nothing
+    assert cupy._default_memory_pool is ours is not pool
+    assert cupy.cuda.get_allocator() == ours.malloc
+    assert cupy.state["pinned"] == cupy._default_pinned_memory_pool.malloc
+    assert cupy.cuda.Stream.begin_capture is not begin
+
+    assert integration.uninstall() is True
+    assert integration.uninstall() is False
+    assert cupy.cuda.Stream.begin_capture is begin and cupy.cuda.Stream.end_capture is end
+    assert cupy.cuda.get_allocator() is allocator
+    assert cupy._default_memory_pool is pool and cupy._default_pinned_memory_pool is pinned
+    assert cupy.state["pinned"] == pinned.malloc
+
+
+def test_installed_block_undoes_only_its_own_install(cupy, facade):
+    with integration.installed(facade):
+        assert integration.is_installed()
+    assert not integration.is_installed()
+    integration.install(facade)
+    with integration.installed(facade):
+        pass
+    assert integration.is_installed()  # the block did not install it, so it leaves it
+
+
+def test_capture_holds_the_gate_and_end_capture_releases_it_also_when_it_raises(cupy, facade):
+    integration.install(facade)
+    stream = cupy.cuda.Stream()
+    stream.begin_capture()
+    assert facade.gate.stats().open_captures == 1
+    stream.end_error = RuntimeError("end_capture failed")
+    with pytest.raises(RuntimeError, match="end_capture failed"):
+        stream.end_capture()
+    assert facade.gate.stats().open_captures == 0
+    entered = threading.Event()
+
+    def shared() -> None:
+        with facade.gate:
+            entered.set()
+
+    threading.Thread(target=shared, daemon=True).start()
+    assert entered.wait(5), "the gate stayed closed after end_capture raised"
+
+
+def test_begin_capture_that_raises_gives_the_gate_back(cupy, facade):
+    integration.install(facade)
+    stream = cupy.cuda.Stream()
+    stream.begin_capture()
+    with pytest.raises(Exception, match=r"ILLEGAL_STATE|capturing"):
+        stream.begin_capture()  # the stream is already capturing: the driver refuses
+    stream.end_capture()
+    assert facade.gate.stats().open_captures == 0
+
+
+def test_pool_growth_goes_through_the_gate_and_pool_hits_do_not(cupy, facade, sim_backend):
+    integration.install(facade)
+    allocate = cupy.cuda.get_allocator()
+    before, entered = used(sim_backend), facade.gate.stats().shared_entered
+    mem = allocate(MiB)
+    assert used(sim_backend) == before + MiB
+    assert facade.gate.stats().shared_entered == entered + 1  # cuMemAlloc, gated
+    cupy._default_memory_pool.free(mem)
+    again = allocate(MiB)
+    assert again is mem and facade.gate.stats().shared_entered == entered + 1  # a hit
+
+
+def test_free_on_the_capturing_thread_is_deferred_to_the_end_of_the_capture(
+    cupy, facade, sim_backend
+):
+    integration.install(facade)
+    pool = cupy._default_memory_pool
+    pool.free(cupy.cuda.get_allocator()(MiB))
+    held = used(sim_backend)
+    stream = cupy.cuda.Stream()
+    stream.begin_capture(cupy.cuda.runtime.streamCaptureModeGlobal)
+    pool.free_all_blocks()  # cuMemFree inside a GLOBAL window would break it
+    assert used(sim_backend) == held and facade.gate.stats().deferred == 1
+    stream.end_capture()  # no CaptureInvalidated: the free did not run in the window
+    assert used(sim_backend) == held - MiB
+
+
+def test_pinned_memory_goes_through_the_gate(cupy, facade):
+    integration.install(facade)
+    entered = facade.gate.stats().shared_entered
+    pointer = cupy.state["pinned"](4096)
+    assert pointer.ptr != 0 and pointer.mem.size == 4096
+    assert facade.gate.stats().shared_entered == entered + 1  # cuMemHostAlloc, gated
+    del pointer
+    gc.collect()
+    assert facade.gate.stats().shared_entered == entered + 2  # cuMemFreeHost at collection
+
+
+def test_out_of_memory_reads_as_cupys_own_error(cupy, facade):
+    integration.install(facade)
+    with pytest.raises(CUDARuntimeError) as caught:
+        cupy.cuda.get_allocator()(1 << 50)
+    assert caught.value.status == cupy.cuda.runtime.errorMemoryAllocation
+
+
+def _neighbour(facade, sim_backend, stop: threading.Event) -> threading.Thread:
+    context = sim_backend.ctx_get_current()
+
+    def run() -> None:
+        sim_backend.ctx_set_current(context)
+        while not stop.is_set():
+            with contextlib.suppress(CudaError):  # refused while an ungated capture is open
+                facade.ctx_synchronize()  # breaks a capture of any mode, unless it waits
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("installed", [False, True], ids=["bare", "installed"])
+def test_a_neighbours_synchronize_breaks_a_cupy_capture_unless_installed(
+    cupy, facade, sim_backend, installed
+):
+    if installed:
+        integration.install(facade)
+    stream = cupy.cuda.Stream()
+    stop = threading.Event()
+    thread = _neighbour(facade, sim_backend, stop)
+    try:
+        stream.begin_capture()  # RELAXED, CuPy's default
+        time.sleep(0.05)
+        if installed:
+            stream.end_capture()
+        else:
+            with pytest.raises(CaptureInvalidated):
+                stream.end_capture()
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+def test_capture_block_for_new_code(cupy, facade, sim_backend):
+    stream = cupy.cuda.Stream()
+    stop = threading.Event()
+    thread = _neighbour(facade, sim_backend, stop)
+    try:
+        with integration.capture(stream, "global", driver=facade) as cap:
+            time.sleep(0.05)
+        assert cap.graph is not None
+        with pytest.raises(LookupError), integration.capture(stream, driver=facade):
+            raise LookupError("the body failed")
+    finally:
+        stop.set()
+        thread.join(10)
+    assert facade.gate.stats().open_captures == 0
+    assert sim_backend.stream_is_capturing(stream.handle) == "none"
+
+
+def test_uninstall_is_refused_while_a_capture_is_open(cupy, facade):
+    integration.install(facade)
+    stream = cupy.cuda.Stream()
+    stream.begin_capture()
+    with pytest.raises(UsageError, match="still open"):
+        integration.uninstall()
+    stream.end_capture()
+    assert integration.uninstall()
+
+
+def test_release_all_frees_a_gate_left_by_an_unended_capture(cupy, facade):
+    integration.install(facade)
+    stream = cupy.cuda.Stream()
+    stream.begin_capture()
+    (label,) = integration.windows.release_all()
+    assert f"{stream.ptr:#x}" in label
+    assert facade.gate.stats().open_captures == 0
+    assert integration.windows.release_all() == []
