@@ -1,0 +1,269 @@
+"""capsafe.integrations.cuda_core against a small fake of cuda.core, on the sim backend.
+
+The fake (injected as `cuda.core` and `cuda.core.graph`) has what the
+integration touches: `Device.memory_resource` (a property, default: a
+stream-ordered resource over the sim driver's cuMemAllocAsync/cuMemFreeAsync),
+`Buffer.from_handle`/`close`, `MemoryResource`, and a `GraphBuilder` whose
+begin/end_building call the raw sim driver as cuda.core calls the driver.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import time
+import types
+
+import pytest
+
+from capsafe.driver import GatedDriver
+from capsafe.errors import CaptureInvalidated, CudaError, UsageError
+from capsafe.gate import CaptureGate
+from capsafe.handles import DevicePtr, Stream
+from capsafe.integrations import cuda_core as integration
+
+pytestmark = pytest.mark.timeout(60)
+KiB = 1 << 10
+
+
+def fake_cuda_core(sim):
+    class MemoryResource:
+        pass
+
+    class Buffer:
+        def __init__(self, ptr, size, mr, stream):
+            self.ptr, self.size, self.mr, self.stream = ptr, size, mr, stream
+
+        @property
+        def handle(self):
+            return self.ptr
+
+        @staticmethod
+        def from_handle(ptr, size, mr=None, owner=None, *, stream=None):
+            return Buffer(ptr, size, mr, stream)
+
+        def close(self, stream=None):
+            if self.ptr and self.mr is not None:
+                self.mr.deallocate(self.ptr, self.size, stream or self.stream)
+            self.ptr = 0
+
+    class CoreStream:
+        def __init__(self):
+            self.raw = sim.stream_create(nonblocking=True)
+            self.handle = self.raw.value
+
+    def raw_stream(stream):
+        stream = getattr(stream, "stream", stream)
+        return stream.raw if stream is not None else Stream(0)
+
+    class StreamOrderedResource(MemoryResource):
+        is_device_accessible, is_host_accessible, device_id = True, False, 0
+
+        def allocate(self, size, stream=None):
+            ptr = sim.mem_alloc_async(size, raw_stream(stream))
+            return Buffer.from_handle(ptr.value, size, mr=self, stream=stream)
+
+        def deallocate(self, ptr, size, stream=None):
+            sim.mem_free_async(DevicePtr(int(ptr)), raw_stream(stream))
+
+    class GraphBuilder:
+        def __init__(self, stream):
+            self.stream = stream
+            self.end_error = None
+
+        def begin_building(self, mode="relaxed"):
+            sim.stream_begin_capture(self.stream.raw, mode)
+            return self
+
+        def end_building(self):
+            self.graph = sim.stream_end_capture(self.stream.raw)
+            if self.end_error is not None:
+                raise self.end_error
+            return self
+
+        def close(self):
+            if sim.stream_is_capturing(self.stream.raw) != "none":
+                with contextlib.suppress(CudaError):
+                    sim.stream_end_capture(self.stream.raw)
+
+    class Device:
+        _memory_resource = None
+
+        @property
+        def memory_resource(self):
+            if self._memory_resource is None:
+                self._memory_resource = StreamOrderedResource()
+            return self._memory_resource
+
+        @memory_resource.setter
+        def memory_resource(self, mr):
+            self._memory_resource = mr
+
+        def allocate(self, size, stream=None):
+            return self.memory_resource.allocate(size, stream)
+
+        def create_stream(self):
+            return CoreStream()
+
+        def create_graph_builder(self):
+            return GraphBuilder(CoreStream())
+
+    core = types.ModuleType("cuda.core")
+    core.Device, core.MemoryResource, core.Buffer = Device, MemoryResource, Buffer
+    graph = types.ModuleType("cuda.core.graph")
+    graph.GraphBuilder = GraphBuilder
+    return core, graph
+
+
+@pytest.fixture
+def core(sim_backend, monkeypatch):
+    fake, graph = fake_cuda_core(sim_backend)
+    monkeypatch.setitem(sys.modules, "cuda.core", fake)
+    monkeypatch.setitem(sys.modules, "cuda.core.graph", graph)
+    yield fake
+    if integration.is_installed():
+        integration.windows.release_all()
+        integration.uninstall()
+
+
+@pytest.fixture
+def facade(sim_backend):
+    return GatedDriver(sim_backend, CaptureGate())
+
+
+def used(sim) -> int:
+    free, total = sim.mem_get_info()
+    return total - free
+
+
+def builder_cls():
+    return sys.modules["cuda.core.graph"].GraphBuilder
+
+
+def test_install_is_idempotent_and_uninstall_restores_everything(core, facade):
+    prop = core.Device.__dict__["memory_resource"]
+    methods = {n: builder_cls().__dict__[n] for n in ("begin_building", "end_building", "close")}
+    assert integration.install(facade) is True
+    assert integration.install(facade) is False
+    assert core.Device.__dict__["memory_resource"] is not prop
+    assert builder_cls().__dict__["begin_building"] is not methods["begin_building"]
+    assert integration.uninstall() is True
+    assert integration.uninstall() is False
+    assert core.Device.__dict__["memory_resource"] is prop
+    assert {n: builder_cls().__dict__[n] for n in methods} == methods
+
+
+def test_the_devices_resource_is_seen_gated(core, facade, sim_backend):
+    integration.install(facade)
+    device = core.Device()
+    resource = device.memory_resource
+    assert isinstance(resource, integration._resource_class())
+    assert device.memory_resource is resource  # one view per inner resource
+    entered, before = facade.gate.stats().shared_entered, used(sim_backend)
+    stream = device.create_stream()
+    buffer = device.allocate(4 * KiB, stream)
+    assert buffer.mr is resource and used(sim_backend) == before + 4 * KiB
+    buffer.close()
+    sim_backend.stream_synchronize(stream.raw)  # the free is stream-ordered
+    assert used(sim_backend) == before
+    assert facade.gate.stats().shared_entered == entered + 2  # allocation and free, gated
+    with pytest.raises(UsageError, match="not allocated by this resource"):
+        resource.deallocate(buffer.ptr or 0x1234, 16)
+
+
+def test_a_free_on_the_capturing_thread_waits_for_the_window_unless_made_inside_it(
+    core, facade, sim_backend
+):
+    integration.install(facade)
+    device = core.Device()
+    stream = device.create_stream()
+    outside = device.allocate(4 * KiB, stream)
+    held = used(sim_backend)
+    builder = device.create_graph_builder().begin_building("global")
+    outside.close()  # cuMemFreeAsync on another stream inside a GLOBAL window would break it
+    assert used(sim_backend) == held and facade.gate.stats().deferred == 1
+    inside = device.allocate(KiB, builder)  # captured: a graph allocation
+    inside.close(builder)  # captured with it, not deferred
+    assert facade.gate.stats().deferred == 1
+    during = used(sim_backend)
+    builder.end_building()
+    sim_backend.stream_synchronize(stream.raw)
+    assert used(sim_backend) == during - 4 * KiB  # the deferred free ran after the window
+
+
+def test_end_building_that_raises_gives_the_gate_back(core, facade):
+    integration.install(facade)
+    builder = core.Device().create_graph_builder().begin_building()
+    assert facade.gate.stats().open_captures == 1
+    builder.end_error = RuntimeError("invalidated")
+    with pytest.raises(RuntimeError, match="invalidated"):
+        builder.end_building()
+    assert facade.gate.stats().open_captures == 0
+
+
+def _neighbour(facade, sim_backend, stop):
+    context = sim_backend.ctx_get_current()
+
+    def run():
+        sim_backend.ctx_set_current(context)
+        while not stop.is_set():
+            with contextlib.suppress(CudaError):
+                facade.ctx_synchronize()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def three_captures(device, capture):
+    """Three windows, each with an allocation made before it and one inside it."""
+    stream = device.create_stream()
+    for _ in range(3):
+        before = device.allocate(KiB, stream)
+        builder = device.create_graph_builder()
+        with capture(builder):
+            inside = device.allocate(KiB, builder)
+            time.sleep(0.02)
+            inside.close(builder)
+        before.close()
+
+
+def _raw(builder):
+    @contextlib.contextmanager
+    def window():
+        builder.begin_building()
+        yield
+        builder.end_building()
+
+    return window()
+
+
+@pytest.mark.parametrize("how", ["bare", "installed", "capture-helper"])
+def test_three_captures_beside_a_neighbour(core, facade, sim_backend, how):
+    if how == "installed":
+        integration.install(facade)
+    capture = (lambda b: integration.capture(b, driver=facade)) if how == "capture-helper" else _raw
+    stop = threading.Event()
+    thread = _neighbour(facade, sim_backend, stop)
+    try:
+        if how == "bare":
+            with pytest.raises(CaptureInvalidated):
+                three_captures(core.Device(), capture)
+        else:
+            three_captures(core.Device(), capture)
+    finally:
+        stop.set()
+        thread.join(10)
+    integration.windows.release_all()
+    assert facade.gate.stats().open_captures == 0
+
+
+def test_uninstall_is_refused_while_a_builder_is_building(core, facade):
+    integration.install(facade)
+    builder = core.Device().create_graph_builder().begin_building()
+    with pytest.raises(UsageError, match="still building"):
+        integration.uninstall()
+    builder.close()  # close ends the capture too, and gives the gate back
+    assert facade.gate.stats().open_captures == 0
+    assert integration.uninstall()

@@ -1,0 +1,151 @@
+"""`--capsafe-protect`, lazy framework imports, and method replacement on extension types."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from capsafe.integrations import _patch
+
+pytest_plugins = ["pytester"]
+FAKES = Path(__file__).with_name("test_integrations_cupy.py")
+
+# Loads the fake CuPy of test_integrations_cupy.py as `cupy`, over the process-wide sim driver.
+CONFTEST = f"""
+import importlib.util, os, sys
+os.environ["CAPSAFE_BACKEND"] = "sim"
+from capsafe import driver
+spec = importlib.util.spec_from_file_location("fakes", {str(FAKES)!r})
+fakes = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(fakes)
+sys.modules["cupy"] = fakes.fake_cupy(driver.raw())
+"""
+
+CAPTURE_TEST = """
+import time
+import capsafe, cupy
+
+def test_cupy_capture_beside_neighbours():
+    capsafe.device(0)
+    stream = cupy.cuda.Stream()
+    stream.begin_capture()
+    time.sleep(0.1)
+    stream.end_capture()
+"""
+
+
+@pytest.fixture
+def run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    monkeypatch.setenv("CAPSAFE_BACKEND", "sim")
+
+    def run(*args: str) -> pytest.RunResult:
+        return pytester.runpytest_subprocess(
+            "-p", "capsafe_harness.plugin", "-p", "no:cacheprovider", *args
+        )
+
+    return run
+
+
+def usage_error(result: pytest.RunResult) -> str:
+    """The one line pytest printed for a usage error (and no traceback)."""
+    lines = [line for line in result.errlines if line.strip()]
+    assert "Traceback" not in result.stderr.str()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_unknown_name_is_a_one_line_usage_error(run):
+    result = run("--capsafe-protect=cupy,tensorflow")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert usage_error(result) == (
+        "ERROR: --capsafe-protect: unknown integration 'tensorflow'; "
+        "give a comma-separated list of: cupy, cuda_core"
+    )
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="CuPy is installed")
+def test_a_framework_that_is_not_installed_is_a_usage_error(pytester, run):
+    pytester.makepyfile("def test_nothing(): pass\n")
+    result = run("--capsafe-protect=cupy")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert usage_error(result).startswith(
+        "ERROR: --capsafe-protect=cupy: cannot install (ModuleNotFoundError"
+    )
+
+
+def test_protection_lets_a_cupy_capture_survive_the_neighbours(pytester, run):
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(CAPTURE_TEST)
+    bare = run("--capsafe-neighbors", "2")
+    bare.assert_outcomes(failed=1)
+    assert "CaptureInvalidated" in bare.stdout.str()
+    protected = run("--capsafe-neighbors", "2", "--capsafe-protect=cupy")
+    protected.assert_outcomes(passed=1)
+    assert "capsafe: protect=cupy" in protected.stdout.str()
+
+
+def test_a_capture_left_open_by_a_test_is_released_after_it(pytester, run):
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(
+        """
+        import threading
+        import capsafe, cupy
+        from capsafe.gate import gate
+
+        def test_leaves_a_capture_open():
+            capsafe.device(0)
+            cupy.cuda.Stream().begin_capture()
+
+        def test_next_one_finds_the_gate_open():
+            done = threading.Event()
+            def shared():
+                with gate():
+                    done.set()
+            threading.Thread(target=shared, daemon=True).start()
+            assert done.wait(5)
+        """
+    )
+    result = run("--capsafe-protect=cupy", "-W", "default")
+    result.assert_outcomes(passed=2, warnings=1)
+    assert "the test left a capture open (CuPy stream" in result.stdout.str()
+
+
+def test_importing_the_integrations_imports_no_framework():
+    code = (
+        "import sys, capsafe.integrations.cupy, capsafe.integrations.cuda_core, "
+        "capsafe_harness.protect, capsafe_harness.plugin\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'cupy' "
+        "or m.startswith('cuda.core')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_plugin_without_the_option_imports_no_integration():
+    code = (
+        "import sys, capsafe_harness.plugin\n"
+        "print([m for m in sys.modules if m.startswith('capsafe.integrations')])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_method_of_an_immutable_extension_type_is_replaced_and_restored():
+    graph = pytest.importorskip("cuda.core.graph")
+    cls = graph.GraphBuilder
+    with pytest.raises(TypeError):
+        cls.begin_building = lambda self, mode="relaxed": None  # what plain setattr does
+    original = cls.__dict__["begin_building"]
+    builder = cls.__new__(cls)
+    patches = _patch.Patches()
+    patches.replace(cls, "begin_building", lambda self, mode="relaxed": ("hooked", mode))
+    try:
+        assert builder.begin_building("global") == ("hooked", "global")
+    finally:
+        patches.restore()
+    assert cls.__dict__["begin_building"] is original
