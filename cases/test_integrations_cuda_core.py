@@ -1,119 +1,42 @@
 """capsafe.integrations.cuda_core against a small fake of cuda.core, on the sim backend.
 
-The fake (injected as `cuda.core` and `cuda.core.graph`) has what the
-integration touches: `Device.memory_resource` (a property, default: a
-stream-ordered resource over the sim driver's cuMemAllocAsync/cuMemFreeAsync),
-`Buffer.from_handle`/`close`, `MemoryResource`, and a `GraphBuilder` whose
-begin/end_building call the raw sim driver as cuda.core calls the driver.
+The fake (repro/suites/cuda_core_capture/fake_cuda_core.py, injected as
+`cuda.core` and `cuda.core.graph`) has what the integration touches:
+`Device.memory_resource` (a property, default: a stream-ordered resource over
+the sim driver's cuMemAllocAsync/cuMemFreeAsync), `Buffer.from_handle`/`close`,
+`MemoryResource`, and a `GraphBuilder` whose begin/end_building call the raw
+sim driver as cuda.core calls the driver.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import sys
 import threading
 import time
-import types
+from pathlib import Path
 
 import pytest
 
 from capsafe.driver import GatedDriver
 from capsafe.errors import CaptureInvalidated, CudaError, UsageError
 from capsafe.gate import CaptureGate
-from capsafe.handles import DevicePtr, Stream
 from capsafe.integrations import cuda_core as integration
 
 pytestmark = pytest.mark.timeout(60)
 KiB = 1 << 10
 
 
+FAKE = Path(__file__).parents[1] / "repro" / "suites" / "cuda_core_capture" / "fake_cuda_core.py"
+
+
 def fake_cuda_core(sim):
-    class MemoryResource:
-        pass
-
-    class Buffer:
-        def __init__(self, ptr, size, mr, stream):
-            self.ptr, self.size, self.mr, self.stream = ptr, size, mr, stream
-
-        @property
-        def handle(self):
-            return self.ptr
-
-        @staticmethod
-        def from_handle(ptr, size, mr=None, owner=None, *, stream=None):
-            return Buffer(ptr, size, mr, stream)
-
-        def close(self, stream=None):
-            if self.ptr and self.mr is not None:
-                self.mr.deallocate(self.ptr, self.size, stream or self.stream)
-            self.ptr = 0
-
-    class CoreStream:
-        def __init__(self):
-            self.raw = sim.stream_create(nonblocking=True)
-            self.handle = self.raw.value
-
-    def raw_stream(stream):
-        stream = getattr(stream, "stream", stream)
-        return stream.raw if stream is not None else Stream(0)
-
-    class StreamOrderedResource(MemoryResource):
-        is_device_accessible, is_host_accessible, device_id = True, False, 0
-
-        def allocate(self, size, stream=None):
-            ptr = sim.mem_alloc_async(size, raw_stream(stream))
-            return Buffer.from_handle(ptr.value, size, mr=self, stream=stream)
-
-        def deallocate(self, ptr, size, stream=None):
-            sim.mem_free_async(DevicePtr(int(ptr)), raw_stream(stream))
-
-    class GraphBuilder:
-        def __init__(self, stream):
-            self.stream = stream
-            self.end_error = None
-
-        def begin_building(self, mode="relaxed"):
-            sim.stream_begin_capture(self.stream.raw, mode)
-            return self
-
-        def end_building(self):
-            self.graph = sim.stream_end_capture(self.stream.raw)
-            if self.end_error is not None:
-                raise self.end_error
-            return self
-
-        def close(self):
-            if sim.stream_is_capturing(self.stream.raw) != "none":
-                with contextlib.suppress(CudaError):
-                    sim.stream_end_capture(self.stream.raw)
-
-    class Device:
-        _memory_resource = None
-
-        @property
-        def memory_resource(self):
-            if self._memory_resource is None:
-                self._memory_resource = StreamOrderedResource()
-            return self._memory_resource
-
-        @memory_resource.setter
-        def memory_resource(self, mr):
-            self._memory_resource = mr
-
-        def allocate(self, size, stream=None):
-            return self.memory_resource.allocate(size, stream)
-
-        def create_stream(self):
-            return CoreStream()
-
-        def create_graph_builder(self):
-            return GraphBuilder(CoreStream())
-
-    core = types.ModuleType("cuda.core")
-    core.Device, core.MemoryResource, core.Buffer = Device, MemoryResource, Buffer
-    graph = types.ModuleType("cuda.core.graph")
-    graph.GraphBuilder = GraphBuilder
-    return core, graph
+    """The fake the cuda_core_capture planted suite runs on without a GPU (one fake, two users)."""
+    spec = importlib.util.spec_from_file_location("fake_cuda_core", FAKE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.fake_cuda_core(sim)
 
 
 @pytest.fixture

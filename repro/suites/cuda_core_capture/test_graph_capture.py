@@ -1,0 +1,48 @@
+"""Three cuda.core graph captures, each with an allocation made before it and one inside it."""
+
+import contextlib
+import time
+
+from cuda.core import Device
+
+from capsafe.integrations import cuda_core as integration
+
+# Long enough that a neighbour thread's synchronizing call lands inside the window.
+WINDOW_S = 0.05
+N = 1 << 16
+
+
+def three_captures(capture):
+    device = Device(0)
+    device.set_current()
+    stream = device.create_stream()
+    for _ in range(3):
+        outside = device.allocate(N, stream)
+        builder = device.create_graph_builder()
+        with capture(builder):
+            time.sleep(WINDOW_S)
+            inside = device.allocate(N, builder)  # a graph allocation, captured
+            inside.fill(7, stream=builder)
+            inside.close(builder)
+        graph = builder.complete()
+        graph.launch(stream)
+        stream.sync()
+        outside.close(stream)
+        builder.close()
+
+
+@contextlib.contextmanager
+def cuda_core_building(builder):
+    # cuda.core's own API, as existing code calls it (relaxed mode, cuda.core's default).
+    builder.begin_building()
+    yield
+    builder.end_building()
+
+
+def test_three_captures():
+    three_captures(cuda_core_building)
+
+
+def test_three_captures_through_capsafe():
+    # capsafe's helper holds the capture gate whether or not --capsafe-protect is given.
+    three_captures(integration.capture)
