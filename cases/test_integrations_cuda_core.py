@@ -190,3 +190,22 @@ def test_uninstall_is_refused_while_a_builder_is_building(core, facade):
     builder.close()  # close ends the capture too, and gives the gate back
     assert facade.gate.stats().open_captures == 0
     assert integration.uninstall()
+
+
+def test_install_patches_the_real_cuda_core_types_and_restores_them(sim_backend):
+    real = pytest.importorskip("cuda.core.graph")
+    core = pytest.importorskip("cuda.core")
+    builder_cls = real.GraphBuilder
+    saved = {n: builder_cls.__dict__[n] for n in ("begin_building", "end_building", "close")}
+    prop = core.Device.__dict__["memory_resource"]
+    facade = GatedDriver(sim_backend, CaptureGate())
+    with integration.installed(facade):
+        assert builder_cls.__dict__["begin_building"] is not saved["begin_building"]
+        assert core.Device.__dict__["memory_resource"] is not prop
+        builder = builder_cls.__new__(builder_cls)  # no stream: cuda.core's own begin fails
+        with pytest.raises(Exception):  # noqa: B017 - whatever cuda.core raises without a GPU
+            builder.begin_building("global")
+        assert facade.gate.stats().open_captures == 0  # the gate went back when it raised
+        assert facade.gate.stats().captures == 1
+    assert {n: builder_cls.__dict__[n] for n in saved} == saved
+    assert core.Device.__dict__["memory_resource"] is prop
