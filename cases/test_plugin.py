@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from capsafe_harness import neighbors, order
+from capsafe_harness import order
 from capsafe_harness.records import (
     DETAILS_LIMIT,
     MESSAGE_LIMIT,
@@ -18,8 +18,6 @@ from capsafe_harness.records import (
     load_records,
     read_records,
 )
-
-from capsafe import hazards
 
 pytest_plugins = ["pytester"]
 
@@ -265,11 +263,6 @@ def test_neighbors_break_raw_captures_not_gated_ones(
     raw = calls["test_capture.py::test_raw_global_capture"]
     assert raw["outcome"] == "failed" and raw["signals"] == ["capture-invalidated"]
     assert calls["test_capture.py::test_protected_capture"]["outcome"] == "passed"
-
-
-def test_neighbors_issue_every_capture_breaking_call_they_can():
-    assert neighbors.issued_calls() | neighbors.NOT_ISSUED.keys() == hazards.CAPTURE_BREAKING_CALLS
-    assert not neighbors.issued_calls() & neighbors.NOT_ISSUED.keys()
 
 
 def test_plugin_imports_nothing_heavy(pytester: pytest.Pytester, tmp_path: Path, run_lean):

@@ -2,10 +2,19 @@
 
 A capture hazard only shows when another thread happens to allocate or
 synchronize during the capture window, which in a quiet test run is rare. The
-neighbours make it the common case: each thread keeps issuing the calls the
-hazard table marks as capture-breaking, through the process-wide driver facade.
-An ungated capture in a test then fails fast, while a capture taken through
-`capsafe.capture` makes the neighbours wait at the gate and survives.
+neighbours make it the common case: each thread keeps making the hazard
+actions (`capsafe.hazard_actions`) whose hazard-table row can break a capture,
+through the process-wide driver facade. An ungated capture in a test then
+fails fast, while a capture taken through `capsafe.capture` makes the
+neighbours wait at the gate and survives.
+
+They bind the device's primary context through `capsafe.context`, the context
+CuPy, PyTorch and cuda.core also use, so their calls meet the test's captures.
+They are daemon threads and are joined with a deadline: one stuck in a driver
+call is reported, never waited on, and the process still exits. Each process
+writes what its neighbours did (calls and driver errors per call kind, threads
+that failed or stuck, or why they could not start) to a status file beside its
+records, which the sweep reads.
 
 capsafe is imported only when neighbours start, so a run without
 `--capsafe-neighbors` never loads it.
@@ -13,192 +22,186 @@ capsafe is imported only when neighbours start, so a run without
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
-from collections.abc import Callable
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("capsafe.harness")
 
-BUFFER_BYTES = 4096
 DEFAULT_INTERVAL_S = 0.001
 STOP_TIMEOUT_S = 5.0
+STATUS_GLOB = "neighbors-*.json"
 
-#: Capture-breaking calls a neighbour cannot issue, and why.
+#: Capture-breaking actions a neighbour does not make, and why.
 NOT_ISSUED = {
     "stream_query_capturing": "needs the test's own capturing stream",
     "module_unload": "needs a module image, and JIT-loading one per cycle would dominate",
 }
 
 
-class _Kit:
-    """One neighbour thread's own stream, event and buffers, plus frees that failed."""
+def _breaking_names() -> tuple[str, ...]:
+    from capsafe.hazard_actions import BREAKING
 
-    def __init__(self, driver: Any) -> None:
-        self.driver = driver
-        self.stream = driver.stream_create(nonblocking=True)
-        self.event = driver.event_create()
-        self.buffer = driver.mem_alloc(BUFFER_BYTES)
-        self.host = bytearray(BUFFER_BYTES)
-        self.unfreed: list[Any] = []
-
-    def free_later(self, ptr: Any) -> None:
-        self.unfreed.append(ptr)
-
-    def retry_frees(self) -> None:
-        while self.unfreed:
-            self.driver.mem_free(self.unfreed[-1])
-            self.unfreed.pop()
-
-    def close(self) -> None:
-        """Release what the kit owns; errors are moot at shutdown, so they are dropped."""
-        for release in (
-            lambda: self.retry_frees(),
-            lambda: self.driver.mem_free(self.buffer),
-            lambda: self.driver.event_destroy(self.event),
-            lambda: self.driver.stream_destroy(self.stream),
-        ):
-            try:
-                release()
-            except Exception as exc:
-                log.debug("neighbour cleanup: %r", exc)
+    return tuple(a.name for a in BREAKING if a.name not in NOT_ISSUED)
 
 
-def _mem_alloc_free(kit: _Kit) -> None:
-    ptr = kit.driver.mem_alloc(256)
-    try:
-        kit.driver.mem_free(ptr)
-    except Exception:
-        kit.free_later(ptr)
-        raise
+def issued_calls() -> tuple[str, ...]:
+    """The hazard-action names neighbours make, in the table's order: the call kinds."""
+    return _breaking_names()
 
 
-def _mem_alloc_async_other(kit: _Kit) -> None:
-    ptr = kit.driver.mem_alloc_async(256, kit.stream)
-    kit.driver.mem_free_async(ptr, kit.stream)
+def parse_calls(text: str) -> tuple[str, ...]:
+    """`ctx_sync,mem_alloc` -> the call kinds, validated; ValueError naming the known ones."""
+    known = issued_calls()
+    wanted = tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
+    unknown = [name for name in wanted if name not in known]
+    if unknown or not wanted:
+        what = f"unknown call kind(s) {', '.join(unknown)}" if unknown else "no call kind given"
+        raise ValueError(f"{what}; neighbours make: {', '.join(known)}")
+    return wanted
 
 
-def _host_alloc_free(kit: _Kit) -> None:
-    kit.driver.mem_free_host(kit.driver.mem_host_alloc(256))
+class NeighborsUnavailable(Exception):
+    """The neighbours cannot run in this process (no driver, no device, wrong backend)."""
 
 
-def _event_sync_other(kit: _Kit) -> None:
-    kit.driver.event_record(kit.event, kit.stream)
-    kit.driver.event_synchronize(kit.event)
+@dataclass
+class NeighborStatus:
+    """What one process's neighbours did; written beside its records for the sweep."""
 
+    threads: int
+    calls: tuple[str, ...]
+    backend: str = ""
+    unavailable: str = ""  # why they could not start ("" when they did)
+    steps: Counter[str] = field(default_factory=Counter)
+    driver_errors: Counter[str] = field(default_factory=Counter)
+    problems: list[str] = field(default_factory=list)  # threads that failed or did not stop
 
-def _stream_sync_other(kit: _Kit) -> None:
-    kit.driver.stream_synchronize(kit.stream)
-
-
-def _ctx_sync(kit: _Kit) -> None:
-    kit.driver.ctx_synchronize()
-
-
-def _memcpy(kit: _Kit) -> None:
-    kit.driver.memcpy_htod(kit.buffer, kit.host)
-    kit.driver.memcpy_dtoh(kit.host, kit.buffer)
-
-
-def _memset_sync(kit: _Kit) -> None:
-    kit.driver.memset_d8(kit.buffer, 0, BUFFER_BYTES)
-
-
-def _memset_async_legacy(kit: _Kit) -> None:
-    from capsafe.handles import LEGACY_STREAM
-
-    kit.driver.memset_d8_async(kit.buffer, 0, BUFFER_BYTES, LEGACY_STREAM)
-
-
-#: What each neighbour step does, and the hazard-table calls it issues.
-STEPS: tuple[tuple[Callable[[_Kit], None], tuple[str, ...]], ...] = (
-    (_mem_alloc_free, ("mem_alloc", "mem_free", "mem_alloc_free")),
-    (_mem_alloc_async_other, ("mem_alloc_async_other",)),
-    (_host_alloc_free, ("host_alloc", "host_free")),
-    (_event_sync_other, ("event_sync_other",)),
-    (_stream_sync_other, ("stream_sync_other",)),
-    (_ctx_sync, ("ctx_sync",)),
-    (_memcpy, ("memcpy_htod", "memcpy_dtoh")),
-    (_memset_sync, ("memset_sync",)),
-    (_memset_async_legacy, ("memset_async_legacy",)),
-)
-
-
-def issued_calls() -> frozenset[str]:
-    """The hazard-table call names the neighbours issue."""
-    return frozenset(name for _, names in STEPS for name in names)
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "threads": self.threads,
+            "calls": list(self.calls),
+            "backend": self.backend,
+            "unavailable": self.unavailable,
+            "steps": dict(sorted(self.steps.items())),
+            "driver_errors": dict(sorted(self.driver_errors.items())),
+            "problems": self.problems,
+        }
 
 
 class Neighbors:
-    """`count` daemon threads cycling through STEPS until `stop()`.
+    """`count` daemon threads cycling through the `calls` kinds until `stop()`.
 
-    Driver errors in a step are expected (a test's ungated capture makes the
-    neighbours' own calls fail too) and only counted; any other exception ends
-    that thread and is reported by `stop()`.
+    Driver errors in a call are expected (a test's ungated capture makes the
+    neighbours' own calls fail too) and only counted per kind; any other
+    exception ends that thread and is reported by `stop()`.
     """
 
-    def __init__(self, count: int, interval: float = DEFAULT_INTERVAL_S) -> None:
-        self.count = count
+    def __init__(
+        self,
+        count: int,
+        calls: Sequence[str] | None = None,
+        interval: float = DEFAULT_INTERVAL_S,
+    ) -> None:
         self.interval = interval
-        self.steps = 0
-        self.driver_errors = 0
-        self.failures: list[str] = []
+        self.status = NeighborStatus(count, tuple(calls) if calls else issued_calls())
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
 
-    def start(self) -> str | None:
-        """Start the threads; returns why they could not start (None when they did)."""
+    def start(self) -> None:
+        """Bind the device and start the threads; NeighborsUnavailable says why they cannot."""
         try:
             from capsafe import context, driver
             from capsafe.errors import CapsafeError
 
             context.device(0)
-            driver.get()
+            self.status.backend = driver.get().name
         except (ImportError, CapsafeError) as exc:
-            return f"{type(exc).__name__}: {exc}"
-        for n in range(self.count):
+            self.status.unavailable = f"{type(exc).__name__}: {exc}"
+            raise NeighborsUnavailable(self.status.unavailable) from None
+        for n in range(self.status.threads):
             thread = threading.Thread(target=self._run, name=f"capsafe-neighbor-{n}", daemon=True)
             thread.start()
             self._threads.append(thread)
-        return None
 
     def _run(self) -> None:
         from capsafe import context, driver
         from capsafe.errors import CapsafeError
+        from capsafe.hazard_actions import BY_NAME, ActionKit
 
         try:
             context.device(0)
-            kit = _Kit(driver.get())
-            try:
-                self._cycle(kit, CapsafeError)
-            finally:
-                kit.close()
+            kit = ActionKit(driver.get())
         except Exception as exc:
-            with self._lock:
-                self.failures.append(f"{threading.current_thread().name}: {exc!r}")
+            self._problem(f"could not set up: {exc!r}")
+            return
+        actions = [BY_NAME[name] for name in self.status.calls]
+        try:
+            while not self._stop.is_set():
+                for action in actions:
+                    if self._stop.wait(self.interval):
+                        return
+                    try:
+                        kit.run(action)
+                        self._count(self.status.steps, action.name)
+                    except CapsafeError:
+                        self._count(self.status.driver_errors, action.name)
+        except Exception as exc:
+            self._problem(f"stopped: {exc!r}")
+        finally:
+            try:
+                kit.close()
+            except Exception as exc:  # moot at shutdown; a capture may still hold a buffer
+                log.debug("neighbour cleanup: %r", exc)
 
-    def _cycle(self, kit: _Kit, expected: type[Exception]) -> None:
-        while not self._stop.is_set():
-            for step, _ in STEPS:
-                if self._stop.wait(self.interval):
-                    return
-                try:
-                    kit.retry_frees()
-                    step(kit)
-                    with self._lock:
-                        self.steps += 1
-                except expected:
-                    with self._lock:
-                        self.driver_errors += 1
+    def _count(self, counter: Counter[str], name: str) -> None:
+        with self._lock:
+            counter[name] += 1
 
-    def stop(self, timeout: float = STOP_TIMEOUT_S) -> list[str]:
-        """Stop and join the threads; returns problems (failed or stuck threads)."""
+    def _problem(self, text: str, thread: threading.Thread | None = None) -> None:
+        name = (thread or threading.current_thread()).name
+        with self._lock:
+            self.status.problems.append(f"{name} {text}")
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> NeighborStatus:
+        """Stop and join the threads within `timeout` in all; stuck ones are listed, left."""
         self._stop.set()
-        stuck = []
+        deadline = time.monotonic() + timeout
         for thread in self._threads:
-            thread.join(timeout)
+            thread.join(max(0.0, deadline - time.monotonic()))
             if thread.is_alive():
-                stuck.append(f"{thread.name} did not stop within {timeout:g} s")
+                self._problem(f"did not stop within {timeout:g} s", thread)
         self._threads.clear()
-        return self.failures + stuck
+        return self.status
+
+
+def status_path(directory: str | os.PathLike[str], run_id: str, worker: str) -> Path:
+    return Path(directory) / f"neighbors-{run_id}-{worker}-{os.getpid()}.json"
+
+
+def write_status(path: Path, status: NeighborStatus) -> None:
+    """Write the status file; an unwritable one is logged, never a test failure."""
+    try:
+        path.write_text(json.dumps(status.to_dict()) + "\n", encoding="utf-8")
+    except OSError as exc:
+        log.warning("capsafe: cannot write %s: %s", path, exc)
+
+
+def read_statuses(directories: Iterable[Path]) -> list[dict[str, Any]]:
+    """Every readable status file under `directories` (unreadable ones are skipped)."""
+    found = []
+    for directory in directories:
+        for path in sorted(Path(directory).glob(STATUS_GLOB)):
+            try:
+                found.append(json.loads(path.read_text(encoding="utf-8")))
+            except (OSError, ValueError):
+                continue
+    return found

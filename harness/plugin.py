@@ -21,19 +21,14 @@ from typing import Any
 
 import pytest
 
-from . import order
+from . import capture_errors, neighbor_run, order, phase_times
 from .records import Outcome, Record, RecordWriter, bounded_details, first_lines, records_path
 
 DEFAULT_WATCH_ENV = "CAPSAFE_,CUDA_"
 PLUGIN_NAME = "capsafe-run"
 CONTROLLER = "controller"
 
-# Failure text (or exception class names) that marks a signal.
-CAPTURE_MARKS = (
-    "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
-    "cudaErrorStreamCaptureInvalidated",
-    "CaptureInvalidated",
-)
+# Failure text (or exception class names) that marks a signal; capture errors: capture_errors.
 FROZEN_MARKS = ("FrozenConfigError",)
 TIMEOUT_MARKS = ("Timeout (>", "from pytest-timeout")
 CRASH_MARK = "crashed while running"
@@ -82,6 +77,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help=f"environment prefixes whose changes a test leaves behind are recorded "
         f"(default {DEFAULT_WATCH_ENV})",
     )
+    neighbor_run.add_option(group)
 
 
 @dataclass(frozen=True)
@@ -244,7 +240,7 @@ def _env_leak(
 
 def _signals(text: str, exc_names: tuple[str, ...]) -> list[str]:
     found = []
-    if any(m in text for m in CAPTURE_MARKS) or "CaptureInvalidated" in exc_names:
+    if capture_errors.in_text(text) or "CaptureInvalidated" in exc_names:
         found.append("capture-invalidated")
     if any(m in text for m in FROZEN_MARKS) or "FrozenConfigError" in exc_names:
         found.append("frozen-config")
@@ -300,10 +296,13 @@ class CapsafeRun:
         self.pid = os.getpid()
         self.env_before: dict[Any, Any] = {}
         self.exc_names: dict[tuple[str, str], tuple[str, ...]] = {}
-        self.neighbors: Any = None
         # xdist controller only: per worker, tests started and the last one set up.
         self.started: dict[str, int] = {}
         self.last_setup: dict[str, str] = {}
+        phase_times.register(config, settings.records, settings.run_id, self.worker)
+        neighbor_run.register(
+            config, settings.neighbors, settings.records, settings.run_id, self.worker
+        )
 
     # -- session --------------------------------------------------------------
     def _is_controller(self) -> bool:
@@ -322,22 +321,7 @@ class CapsafeRun:
                     f"--capsafe-records: cannot write {path}: {exc.strerror or exc}"
                 ) from None
 
-    def pytest_collection_finish(self, session: pytest.Session) -> None:
-        if self.settings.neighbors and not self.config.option.collectonly:
-            from .neighbors import Neighbors
-
-            neighbors = Neighbors(self.settings.neighbors)
-            problem = neighbors.start()
-            if problem is None:
-                self.neighbors = neighbors
-            else:
-                self._warn(f"capsafe: running without neighbour threads ({problem})")
-
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if self.neighbors is not None:
-            for problem in self.neighbors.stop():
-                self._warn(f"capsafe: neighbour thread problem: {problem}")
-            self.neighbors = None
         if self.writer is not None:
             self.writer.close()
             self.writer = None
@@ -401,6 +385,8 @@ class CapsafeRun:
         report = yield
         if self.writer is not None and call.excinfo is not None:
             names = tuple(cls.__name__ for cls in type(call.excinfo.value).__mro__)
+            if capture_errors.capture_error(call.excinfo.value):  # any framework's counts
+                names += ("CaptureInvalidated",)
             self.exc_names[(report.nodeid, report.when)] = names
         return report
 

@@ -1,0 +1,81 @@
+"""Hazard attribution: group testing over the neighbour call kinds, and what follows from it."""
+
+from __future__ import annotations
+
+from capsafe_harness import attribution as attr
+from capsafe_harness.neighbors import issued_calls
+
+from capsafe import hazards
+from capsafe.handles import CaptureMode, StreamKind
+from capsafe.hazard_actions import BY_NAME
+
+KINDS = issued_calls()
+LEGACY = ["memcpy_htod_sync", "memcpy_dtoh_sync", "memset_sync", "memset_async_legacy"]
+
+
+def _table_breaks(kind: str, mode: CaptureMode, stream: StreamKind) -> bool:
+    return hazards.rule_for(BY_NAME[kind].row, mode, stream, hazards.OTHER_THREAD) is not None
+
+
+def _oracle(cells: dict[str, tuple[CaptureMode, StreamKind]], log: list[attr.Job]):
+    """Runs a round as the hazard table predicts: a test breaks when any kind in the subset does."""
+
+    def run_round(jobs):
+        for kinds, tests in jobs:
+            log.append((kinds, tests))
+            yield kinds, {t: any(_table_breaks(k, *cells[t]) for k in kinds) for t in tests}
+
+    return run_round
+
+
+def test_groups_follow_the_hazard_rules():
+    groups = attr.kind_groups(KINDS)
+    assert ("ctx_sync",) in groups and tuple(LEGACY) in groups
+    assert sorted(k for g in groups for k in g) == sorted(KINDS)
+    assert len(groups) == 3
+
+
+def test_relaxed_blocking_capture_costs_seven_processes_not_thirteen():
+    log: list[attr.Job] = []
+    cells = {"t": (CaptureMode.RELAXED, StreamKind.BLOCKING)}
+    found, processes = attr.attribute(["t"], KINDS, _oracle(cells, log))
+    assert found["t"].breaks == ["ctx_sync", *LEGACY]
+    assert set(found["t"].survives) == set(KINDS) - {"ctx_sync", *LEGACY}
+    assert not found["t"].undecided
+    assert processes == len(log) == 3 + len(LEGACY) < len(KINDS)
+
+
+def test_tests_with_different_modes_share_processes():
+    log: list[attr.Job] = []
+    cells = {
+        "global": (CaptureMode.GLOBAL, StreamKind.NONBLOCKING),
+        "relaxed": (CaptureMode.RELAXED, StreamKind.BLOCKING),
+    }
+    found, processes = attr.attribute(sorted(cells), KINDS, _oracle(cells, log))
+    assert "mem_alloc" in found["global"].breaks and "memset_sync" in found["global"].survives
+    assert "memset_sync" in found["relaxed"].breaks and "mem_alloc" in found["relaxed"].survives
+    assert processes < 2 * len(KINDS)
+    # ctx_sync is a group of its own: one process decides it for both tests.
+    assert sum(kinds == ("ctx_sync",) for kinds, _ in log) == 1
+
+
+def test_no_evidence_leaves_kinds_undecided():
+    def silent(jobs):
+        for kinds, tests in jobs:
+            yield kinds, dict.fromkeys(tests)
+
+    found, _ = attr.attribute(["t"], KINDS, silent)
+    assert found["t"].undecided == list(KINDS) and not found["t"].breaks
+
+
+def test_mode_and_advice_from_the_table():
+    legacy = attr.Attribution(breaks=["ctx_sync", *LEGACY], survives=["mem_alloc", "host_alloc"])
+    cells = attr.consistent_cells(legacy)
+    assert {m for m, _ in cells} == {CaptureMode.RELAXED, CaptureMode.THREAD_LOCAL}
+    assert {s for _, s in cells} == {StreamKind.BLOCKING}
+    text = attr.advice(legacy)
+    assert "RELAXED or THREAD_LOCAL" in text and "blocking" in text
+    assert "cuCtxSynchronize" in text and "capsafe.capture" in text
+    assert attr.describe(legacy).startswith("breaks under: ctx_sync, memcpy_htod_sync")
+    glob = attr.Attribution(breaks=["mem_alloc", "ctx_sync"], survives=LEGACY)
+    assert "GLOBAL" in attr.advice(glob) and "nonblocking" in attr.advice(glob)

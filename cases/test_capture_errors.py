@@ -1,0 +1,71 @@
+"""Capture errors are recognised by type when the framework is loaded, by name or text otherwise."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+from capsafe_harness.capture_errors import capture_error, in_text
+
+from capsafe.errors import CaptureInvalidated, CudaError
+
+
+class _Status(Exception):
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _fake_cupy(monkeypatch: pytest.MonkeyPatch) -> type[_Status]:
+    cupy = types.ModuleType("cupy")
+    runtime = types.SimpleNamespace(CUDARuntimeError=type("CUDARuntimeError", (_Status,), {}))
+    cupy.cuda = types.SimpleNamespace(runtime=runtime, driver=types.SimpleNamespace())  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    return runtime.CUDARuntimeError
+
+
+def test_capsafe_errors_by_their_result():
+    assert capture_error(CaptureInvalidated("CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", "x")) == (
+        "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"
+    )
+    unsupported = CudaError("CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "cuMemAlloc")
+    assert capture_error(unsupported) == "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
+    assert capture_error(CudaError("CUDA_ERROR_INVALID_VALUE", "cuMemAlloc")) is None
+
+
+def test_cupy_error_by_type_when_cupy_is_loaded(monkeypatch):
+    error = _fake_cupy(monkeypatch)
+    # The status alone says what it is: the message names nothing.
+    assert capture_error(error("graph failed", 908)) == "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD"
+    assert capture_error(error("out of memory", 2)) is None
+
+
+def test_cupy_error_by_name_when_cupy_is_not_loaded(monkeypatch):
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    exc = _Status("cudaErrorStreamCaptureInvalidated: operation failed due to a previous", 0)
+    assert capture_error(exc) == "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"
+
+
+def test_torch_error_by_code_and_by_description(monkeypatch):
+    torch = types.ModuleType("torch")
+    torch.AcceleratorError = type("AcceleratorError", (RuntimeError,), {})  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    exc = torch.AcceleratorError("CUDA error: something")
+    exc.error_code = 906
+    assert capture_error(exc) == "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT"
+    text = "RuntimeError: CUDA error: operation not permitted when stream is capturing"
+    assert capture_error(RuntimeError(text)) == "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
+
+
+def test_cause_chain_and_text_only():
+    try:
+        try:
+            raise CaptureInvalidated("CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", "cuStreamEndCapture")
+        except CudaError as inner:
+            raise AssertionError("graph was not built") from inner
+    except AssertionError as outer:
+        assert capture_error(outer) == "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"
+    cuda_core = "CUDAError: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: operation not permitted"
+    assert in_text(cuda_core) == "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
+    assert capture_error(ValueError("bad shape"), "assert 1 == 2") is None

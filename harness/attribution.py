@@ -1,0 +1,184 @@
+"""Hazard attribution: which neighbour call kinds break a capture-unsafe test.
+
+Group testing over the call kinds the neighbours make. The hazard table says
+which kinds behave alike (they fall under the same rules: the allocator calls,
+the legacy-stream work, the calls that break every capture), so the first round
+runs one process per such group, and only a group that broke a test is split
+into its single kinds in the second round. A mode the table says is untouched by
+a group costs one process for the whole group instead of one per kind. Every
+process of a round runs all the tests still undecided on its kinds, so the cost
+is per kind group, not per test, and the processes of a round run in parallel.
+
+From the kinds that broke a test and those it survived, the hazard table
+narrows down the mode and stream kind it captured in; `advice` turns that into
+what to do about it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from capsafe import hazards
+from capsafe.handles import CaptureMode, StreamKind
+from capsafe.hazard_actions import BY_NAME
+
+Subset = tuple[str, ...]
+#: One process: neighbours restricted to `kinds`, running `tests`.
+Job = tuple[Subset, tuple[str, ...]]
+#: Per test: True broke (failed with a capture error), False survived, None no evidence.
+Outcomes = dict[str, bool | None]
+
+
+def kind_groups(kinds: Sequence[str]) -> list[Subset]:
+    """`kinds` grouped by the hazard-table rules their rows fall under, in table order."""
+    groups: dict[frozenset[str], list[str]] = {}
+    for kind in kinds:
+        row = BY_NAME[kind].row
+        rules = frozenset(r.name for r in hazards.RULES if row in r.calls)
+        groups.setdefault(rules, []).append(kind)
+    return [tuple(members) for members in groups.values()]
+
+
+@dataclass
+class Attribution:
+    """One test's verdict per call kind."""
+
+    breaks: list[str] = field(default_factory=list)
+    survives: list[str] = field(default_factory=list)
+    undecided: list[str] = field(default_factory=list)  # no process gave evidence on them
+
+    def to_dict(self) -> dict[str, list[str]]:
+        return {"breaks": self.breaks, "survives": self.survives, "undecided": self.undecided}
+
+
+class GroupTest:
+    """The rounds of attribution for a set of tests (see the module doc)."""
+
+    def __init__(self, tests: Iterable[str], kinds: Sequence[str]) -> None:
+        self.kinds = tuple(kinds)
+        self.tests = tuple(tests)
+        self.breaks: dict[str, set[str]] = {t: set() for t in self.tests}
+        self.survives: dict[str, set[str]] = {t: set() for t in self.tests}
+        self._pending: list[Job] = [(g, self.tests) for g in kind_groups(self.kinds)]
+        self.processes = 0
+
+    def next_round(self) -> list[Job]:
+        """The processes to run now (empty when attribution is done)."""
+        jobs, self._pending = [job for job in self._pending if job[1]], []
+        self.processes += len(jobs)
+        return jobs
+
+    def record(self, kinds: Subset, outcomes: Outcomes) -> None:
+        """What one process showed; a broken group is queued for splitting."""
+        split: list[str] = []
+        for test, broke in outcomes.items():
+            if broke is None:
+                continue
+            if not broke:
+                self.survives[test].update(kinds)
+            elif len(kinds) == 1:
+                self.breaks[test].update(kinds)
+            else:
+                split.append(test)
+        if split:
+            self._pending += [((kind,), tuple(split)) for kind in kinds]
+
+    def result(self, test: str) -> Attribution:
+        breaks, survives = self.breaks[test], self.survives[test] - self.breaks[test]
+        return Attribution(
+            breaks=[k for k in self.kinds if k in breaks],
+            survives=[k for k in self.kinds if k in survives],
+            undecided=[k for k in self.kinds if k not in breaks | survives],
+        )
+
+
+def attribute(
+    tests: Sequence[str],
+    kinds: Sequence[str],
+    run_round: Callable[[list[Job]], Iterable[tuple[Subset, Outcomes]]],
+) -> tuple[dict[str, Attribution], int]:
+    """Attribute every test; `run_round` runs a round's jobs (in parallel) and yields
+    (kinds, outcomes) per finished job. Returns the attributions and the process count."""
+    group = GroupTest(tests, kinds)
+    while jobs := group.next_round():
+        for subset, outcomes in run_round(jobs):
+            group.record(subset, outcomes)
+    return {t: group.result(t) for t in tests}, group.processes
+
+
+def consistent_cells(attribution: Attribution) -> list[tuple[CaptureMode, StreamKind]]:
+    """(mode, capture stream kind) cells where another thread's calls break exactly as seen."""
+    cells = []
+    for mode in hazards.MODES:
+        for stream in hazards.CAPTURE_STREAMS:
+
+            def breaks(kind: str, mode: CaptureMode = mode, stream: StreamKind = stream) -> bool:
+                rule = hazards.rule_for(BY_NAME[kind].row, mode, stream, hazards.OTHER_THREAD)
+                return rule is not None
+
+            if all(breaks(k) for k in attribution.breaks) and not any(
+                breaks(k) for k in attribution.survives
+            ):
+                cells.append((mode, stream))
+    return cells
+
+
+def describe(attribution: Attribution) -> str:
+    """`breaks under: ctx_sync, memset_sync; survives: mem_alloc` (kinds undecided last)."""
+    parts = [
+        f"breaks under: {', '.join(attribution.breaks) or 'no single call kind'}",
+        f"survives: {', '.join(attribution.survives) or 'none'}",
+    ]
+    if attribution.undecided:
+        parts.append(f"not decided: {', '.join(attribution.undecided)}")
+    return "; ".join(parts)
+
+
+def advice(attribution: Attribution) -> str:
+    """What the hazard table says follows from the kinds that broke the test: the mode it
+    captured in, the calls to keep out of its window, and the fix."""
+    fix = (
+        "or take the capture through `capsafe.capture` (or a capsafe framework integration): "
+        "its gate holds other threads' capture-breaking calls made through capsafe off for the "
+        "window, so it survives these neighbours"
+    )
+    if not attribution.breaks:
+        return (
+            "no single call kind broke it, only several at once: keep every capture-breaking "
+            f"call of other threads out of its capture window, {fix}"
+        )
+    cells = consistent_cells(attribution)
+    others = _symbols(BY_NAME[k].row for k in attribution.breaks)
+    if not cells:
+        return (
+            f"no capture mode of the hazard table breaks exactly like this; other threads must "
+            f"keep {others} out of the capture window, {fix}"
+        )
+    modes = " or ".join(sorted({m.value.upper() for m, _ in cells}))
+    streams = " or ".join(sorted({s.value for _, s in cells}))
+    own = []
+    for mode in sorted({m for m, _ in cells}):
+        rows = [c for c in hazards.CALLS if _extra_on_own_thread(c, mode, cells)]
+        if rows:
+            own.append(f"; on its own thread {mode.value.upper()} also refuses {_symbols(rows)}")
+    return (
+        f"captured in {modes} mode on a {streams} stream (inferred from the hazard table): "
+        f"other threads must keep {others} out of the capture window{''.join(own)}; {fix}"
+    )
+
+
+def _extra_on_own_thread(
+    call: str, mode: CaptureMode, cells: list[tuple[CaptureMode, StreamKind]]
+) -> bool:
+    """`call` breaks a `mode` capture from the capturing thread but not from another one."""
+    return any(
+        hazards.rule_for(call, mode, s, hazards.SAME_THREAD)
+        and not hazards.rule_for(call, mode, s, hazards.OTHER_THREAD)
+        for m, s in cells
+        if m is mode
+    )
+
+
+def _symbols(rows: Iterable[str]) -> str:
+    return ", ".join(dict.fromkeys(hazards.CALLS[row] for row in rows))
