@@ -12,6 +12,7 @@ import functools
 import logging
 import os
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -20,7 +21,7 @@ from capsafe.backend import Backend
 from capsafe.errors import CudaError, UsageError
 from capsafe.handles import Device, Module
 from capsafe.kernel_cache import KINDS as CACHE_KINDS
-from capsafe.kernel_cache import KernelCache, cache_key, default_cache
+from capsafe.kernel_cache import KernelCache, OnceWarner, cache_key, default_cache, includes
 
 DEFAULT_ARCH = "sm_90"  # the H200's; `load` always passes the device's own
 KINDS = tuple(CACHE_KINDS)  # ("ptx", "cubin"): the artifacts the cache can hold
@@ -42,10 +43,24 @@ _RESERVED_OPTIONS = (
     "--pre-include",
     "-include",
 )
-_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\r\n]+)[>"]', re.MULTILINE)
+# Options with which NVRTC reads or writes precompiled headers: files outside the key.
+_PCH_OPTIONS = frozenset(
+    f"{dashes}{name}"
+    for dashes in ("-", "--")
+    for name in (
+        "pch",
+        "create-pch",
+        "use-pch",
+        "pch-dir",
+        "pch-verbose",
+        "pch-messages",
+        "instantiate-templates-in-pch",
+    )
+)
 _ARCH = re.compile(r"^(sm|compute)_(\d{2,3}[af]?)$")
 
 log = logging.getLogger("capsafe.nvrtc")
+UNCACHED_WARNER = OnceWarner("; compiling it without the cache")
 Compiler = Callable[[str, str, Sequence[str], Mapping[str, str], str], backend_cuda.NvrtcOutput]
 
 
@@ -55,7 +70,7 @@ class KernelSpec:
 
     `name` is the module key: NVRTC's program name, shown in its messages.
     `headers` maps include names to in-memory contents; `include_paths` are
-    searched for the rest. Every header reachable through #include is hashed.
+    searched for the rest, the way NVRTC searches (kernel_cache.includes).
     """
 
     source: str
@@ -118,73 +133,39 @@ def installed_nvrtc_version() -> tuple[int, int]:
     return backend_cuda.nvrtc_version()
 
 
-def included_headers(
-    source: str, headers: Mapping[str, str], include_paths: Sequence[str], name: str = ""
-) -> list[tuple[str, bytes | None]]:
-    """(include name, contents or None when not found) for every header reachable from source.
-
-    Follows quoted and angle includes recursively, in order of appearance, each
-    resolved once: in-memory headers first, then (quoted) the including file's
-    directory, then the include paths. Includes inside comments or `#if 0` are
-    followed too: hashing a header too many only costs a needless recompile.
-    """
-    found: list[tuple[str, bytes | None]] = []
-    seen: set[tuple[str, str]] = set()
-    start_dir = os.path.dirname(name) or None
-
-    def visit(text: bytes, here: str | None) -> None:
-        for match in _INCLUDE.finditer(text):
-            quoted = match.group(1) == b'"'
-            include = match.group(2).strip().decode(errors="replace")
-            content, path = _resolve(include, quoted, here, headers, include_paths)
-            ident = (
-                ("file", path) if path else ("mem" if content is not None else "missing", include)
-            )
-            if ident in seen:
-                continue
-            seen.add(ident)
-            found.append((include, content))
-            if content is not None:
-                visit(content, os.path.dirname(path) if path else None)
-
-    visit(source.encode(), start_dir)
-    return found
+def uncacheable_reason(spec: KernelSpec) -> str | None:
+    """Why `spec` cannot be cached whatever its sources say, or None."""
+    for option in spec.options:
+        if option.split("=", 1)[0] in _PCH_OPTIONS:
+            return f"option {option!r} makes NVRTC read or write precompiled headers"
+    return None
 
 
-def _resolve(
-    include: str,
-    quoted: bool,
-    here: str | None,
-    headers: Mapping[str, str],
-    include_paths: Sequence[str],
-) -> tuple[bytes | None, str | None]:
-    if include in headers:
-        return headers[include].encode(), None
-    directories = ([here] if quoted and here else []) + list(include_paths)
-    for directory in directories:
-        path = os.path.join(directory, include)
-        try:
-            with open(path, "rb") as f:
-                return f.read(), os.path.abspath(path)
-        except OSError:
-            continue
-    return None, None
+def translate(spec: KernelSpec) -> includes.Translation:
+    """What NVRTC will compile for `spec`; includes.Unfollowable when that cannot be known."""
+    reason = uncacheable_reason(spec)
+    if reason is not None:
+        raise includes.Unfollowable(reason)
+    return includes.resolve(spec.source, spec.name, spec.headers, spec.include_paths)
 
 
-def spec_key(spec: KernelSpec, arch: str, kind: str, nvrtc_version: tuple[int, int]) -> str:
-    """The cache key: every input that changes what NVRTC emits, length-prefixed."""
-    fields: list[bytes | str] = ["module", spec.name, "source", spec.source]
-    reached = included_headers(spec.source, spec.headers, spec.include_paths, spec.name)
-    fields.append(f"headers:{len(reached)}")
-    for include, content in reached:
-        fields += [include, b"missing" if content is None else b"found", content or b""]
+def spec_key(
+    spec: KernelSpec,
+    arch: str,
+    kind: str,
+    nvrtc_version: tuple[int, int],
+    translation: includes.Translation | None = None,
+) -> str:
+    """The cache key: exactly what NVRTC is handed, plus arch, options, kind and version."""
+    unit = translate(spec) if translation is None else translation
+    fields: list[bytes | str] = ["module", spec.name, *unit.key_fields()]
     fields += ["arch", arch, f"options:{len(spec.options)}", *spec.options, "kind", kind]
     fields += ["nvrtc", "{}.{}".format(*nvrtc_version)]
     return cache_key(fields)
 
 
 def nvrtc_options(spec: KernelSpec, arch: str) -> list[str]:
-    """The NVRTC command line: the arch and include paths come from arguments the key sees."""
+    """The command line for compiling `spec` as given (uncached): arch, -I paths, options."""
     return [
         f"--gpu-architecture={arch}",
         *(f"--include-path={p}" for p in spec.include_paths),
@@ -204,6 +185,8 @@ def compile_spec(
     """Compile `spec` to `kind` for `arch`, through the cache.
 
     Raises backend_cuda.NvrtcCompileError (with NVRTC's log) when the source is bad.
+    Sources the key cannot follow (kernel_cache.includes.Unfollowable, PCH options)
+    compile as given without the cache (key ""), with one warning per process.
     `compiler` and `nvrtc_version` default to the installed NVRTC.
     """
     if kind not in KINDS:
@@ -211,14 +194,30 @@ def compile_spec(
     arch = normalize_arch(arch, kind)
     version = nvrtc_version or installed_nvrtc_version()
     run = compiler or backend_cuda.nvrtc_compile
-    key = spec_key(spec, arch, kind, version)
+    try:
+        unit = translate(spec)
+    except includes.Unfollowable as exc:
+        UNCACHED_WARNER(f"{spec.name}: {exc}")
+        start = time.perf_counter()
+        out = run(spec.source, spec.name, nvrtc_options(spec, arch), dict(spec.headers), kind)
+        seconds = time.perf_counter() - start
+        return Artifact(out.image, kind, arch, spec.name, "", out.log, False, seconds)
+    key = spec_key(spec, arch, kind, version, unit)
 
     def build() -> tuple[bytes, dict[str, str]]:
-        out = run(spec.source, spec.name, nvrtc_options(spec, arch), dict(spec.headers), kind)
+        # No -I paths: every header NVRTC can reach is in memory, named as resolved.
+        out = run(
+            unit.source,
+            spec.name,
+            [f"--gpu-architecture={arch}", *spec.options],
+            unit.headers,
+            kind,
+        )
         meta = {"name": spec.name, "arch": arch, "nvrtc": "{}.{}".format(*version), "log": out.log}
         return out.image, meta
 
-    got = (default_cache() if cache is None else cache).get_or_compile(key, kind, build)
+    chosen = default_cache() if cache is None else cache
+    got = chosen.get_or_compile(key, kind, build, publish_if=unit.still_valid)
     return Artifact(
         got.payload,
         kind,
@@ -243,7 +242,13 @@ def compile(
     cache: KernelCache | None = None,
 ) -> Artifact:
     """Compile CUDA C++ `source` to PTX or CUBIN with NVRTC, through the disk cache."""
-    spec = KernelSpec(source, name, tuple(options), dict(headers or {}), tuple(include_paths))
+    spec = KernelSpec(
+        source,
+        name,
+        tuple(options),
+        dict(headers or {}),
+        tuple(str(os.fspath(p)) for p in include_paths),
+    )
     return compile_spec(spec, arch=arch, kind=kind, cache=cache)
 
 

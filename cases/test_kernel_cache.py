@@ -188,7 +188,7 @@ def test_symlink_at_temp_path_is_never_written_through(
 ) -> None:
     victim = tmp_path / "victim"
     victim.write_bytes(b"precious")
-    monkeypatch.setattr(cache, "_temp_name", lambda: ".tmp-planted")
+    monkeypatch.setattr(kernel_cache.stats, "temp_name", lambda: ".tmp-planted")
     path = cache.entry_path(key_of(0))
     path.parent.mkdir(parents=True)
     (path.parent / ".tmp-planted").symlink_to(victim)
@@ -241,10 +241,10 @@ def test_read_failures_fall_through_to_compiling(
     lookup(cache, compiler)
     real_open = os.open
 
-    def failing_open(path, flags, *args):
-        if str(path).startswith(str(cache.entries_dir)) and not flags & os.O_CREAT:
-            raise OSError(code, os.strerror(code))
-        return real_open(path, flags, *args)
+    def failing_open(path, flags, *args, **kwargs):
+        if kwargs.get("dir_fd") is not None and not flags & (os.O_CREAT | os.O_DIRECTORY):
+            raise OSError(code, os.strerror(code))  # reading an entry file
+        return real_open(path, flags, *args, **kwargs)
 
     monkeypatch.setattr(kernel_cache.os, "open", failing_open)
     assert lookup(cache, compiler).payload == payload_for(key_of(0))
@@ -264,10 +264,10 @@ def test_read_only_cache_directory_never_raises(
     # chmod does not stop root (tests may run as root); EROFS on every create does.
     real_open = os.open
 
-    def read_only_open(path, flags, *args):
+    def read_only_open(path, flags, *args, **kwargs):
         if flags & os.O_CREAT:
             raise OSError(errno.EROFS, "Read-only file system")
-        return real_open(path, flags, *args)
+        return real_open(path, flags, *args, **kwargs)
 
     monkeypatch.setattr(kernel_cache.os, "open", read_only_open)
     monkeypatch.setattr(kernel_cache.os, "makedirs", _raise(errno.EROFS))
@@ -381,10 +381,10 @@ def test_an_entry_larger_than_the_budget_is_kept_until_the_next_write(tmp_path: 
 
 def test_prune_removes_stale_temp_files_of_crashed_writers(cache: KernelCache) -> None:
     lookup(cache, FakeCompiler())
-    stale = cache.entry_path(key_of(0)).parent / ".tmp-999-dead"
+    stale = cache.entry_path(key_of(0)).parent / f".tmp-999-{'d' * 16}"
     stale.write_bytes(b"x" * 100)
     os.utime(stale, (time.time() - 7200, time.time() - 7200))
-    fresh = stale.with_name(".tmp-998-writing")
+    fresh = stale.with_name(f".tmp-998-{'e' * 16}")
     fresh.write_bytes(b"x")
     cache.prune(max_bytes=1)
     assert not stale.exists() and fresh.exists()

@@ -25,7 +25,7 @@ def key(spec: KernelSpec, arch: str = "sm_90", kind: str = "ptx", version=VERSIO
 
 def test_golden_digest_pins_the_key_format() -> None:
     spec = KernelSpec(SOURCE, "golden.cu", ("-lineinfo",), {"scale.h": "#define SCALE 2.0f\n"})
-    assert key(spec) == "d6f6d9175127d0d6d8ba91a6d90b6791b7e248ef6e30e5029fe2d55c9f4f157c"
+    assert key(spec) == "524eb550cbad8573638813d6b827de263775889b41e3e02aaafd732040a9192b"
 
 
 def test_fields_are_length_prefixed() -> None:
@@ -98,8 +98,7 @@ def test_unreachable_files_do_not_change_the_key(tmp_path: Path) -> None:
 
 def test_a_missing_header_that_appears_changes_the_key(tmp_path: Path) -> None:
     spec, inc = _tree(tmp_path)
-    reached = dict(nvrtc.included_headers(spec.source, {}, spec.include_paths))
-    assert reached["cuda_fp16.h"] is None  # not found: recorded as missing, never an error
+    assert str(inc / "cuda_fp16.h") in nvrtc.translate(spec).missing  # recorded, not an error
     before = key(spec)
     (inc / "cuda_fp16.h").write_text("// a local shadow\n")
     assert key(spec) != before
@@ -107,8 +106,8 @@ def test_a_missing_header_that_appears_changes_the_key(tmp_path: Path) -> None:
 
 def test_include_cycles_terminate() -> None:
     headers = {"a.h": '#include "b.h"\n', "b.h": '#include "a.h"\n'}
-    reached = nvrtc.included_headers('#include "a.h"\n', headers, ())
-    assert [name for name, _ in reached] == ["a.h", "b.h"]
+    unit = nvrtc.translate(KernelSpec('#include "a.h"\n', "k.cu", headers=headers))
+    assert unit.headers == headers  # each once, as given: they name in-memory headers
 
 
 @pytest.mark.parametrize(
@@ -253,7 +252,7 @@ def test_other_load_errors_propagate(cache: KernelCache) -> None:
 
 
 def test_sim_driver_refuses_new_ptx_and_loads_the_cubin(cache: KernelCache) -> None:
-    from capsafe.backend_sim import SimBackend
+    from capsafe.sim import SimBackend
 
     backend = SimBackend()
     backend.init()

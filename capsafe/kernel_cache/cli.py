@@ -7,7 +7,8 @@ import json
 import time
 from typing import Any
 
-from capsafe.kernel_cache import KernelCache, settings_from_env
+from capsafe.kernel_cache.settings import settings_from_env
+from capsafe.kernel_cache.store import KernelCache
 
 ACTIONS = ("stats", "list", "prune", "clear")
 
