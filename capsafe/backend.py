@@ -1,7 +1,7 @@
 """The driver interface both backends implement.
 
 `backend_cuda.CudaBackend` calls the real driver through cuda.bindings;
-`backend_sim.SimBackend` is an in-process model of one H200 calibrated against
+`capsafe.sim.SimBackend` is an in-process model of an H200 calibrated against
 the hazard table. Both take and return the typed handles of `capsafe.handles`
 and raise `capsafe.errors.CudaError` (never return error tuples). Nothing above
 this layer may know which backend it talks to.
@@ -19,7 +19,7 @@ from __future__ import annotations
 import abc
 import ctypes
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 from capsafe.errors import UsageError
 from capsafe.handles import (
@@ -38,7 +38,9 @@ from capsafe.handles import (
     Stream,
 )
 
-KernelArg = DevicePtr | ctypes._SimpleCData
+#: A launch argument. Annotation-only (a string): ctypes._SimpleCData is generic to
+#: type checkers but not subscriptable at runtime on Python 3.11.
+KernelArg: TypeAlias = "DevicePtr | ctypes._SimpleCData[Any]"
 Dim3 = tuple[int, int, int]
 
 ELF_MAGIC = b"\x7fELF"  # a CUBIN

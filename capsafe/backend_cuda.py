@@ -45,8 +45,9 @@ from capsafe.handles import (
 # ---------------------------------------------------------------------------
 
 
-def _driver_module():
-    from cuda.bindings import driver
+def _driver_module() -> Any:
+    # cuda.bindings ships no type information (no py.typed, no stubs).
+    from cuda.bindings import driver  # type: ignore[import-untyped]
 
     return driver
 
@@ -106,7 +107,7 @@ class _KernelParams:
     """The void** array cuLaunchKernel reads, plus the storage it points into."""
 
     def __init__(self, args: Sequence[KernelArg]) -> None:
-        self.storage: list[ctypes._SimpleCData] = [
+        self.storage: list[ctypes._SimpleCData[Any]] = [
             ctypes.c_void_p(arg.value) if isinstance(arg, DevicePtr) else arg
             for arg in check_kernel_args(args)
         ]
@@ -442,7 +443,7 @@ class NvrtcOutput:
 
 
 @functools.cache
-def _nvrtc():
+def _nvrtc() -> Any:
     try:
         from cuda.bindings import nvrtc
     except ImportError as exc:

@@ -9,9 +9,15 @@ the kind of call that invalidates another thread's capture. So each device's
 primary context is retained once per process, here, and never released; the
 process exit cleans it up.
 
-The current context is per thread in the driver, so each thread binds the
-device on first use; a `threading.local` remembers which device a thread has
-bound, making later binds a dictionary lookup.
+The current context is per thread in the driver, and it is shared state: any
+library in the process (CuPy, PyTorch, cuda.core, a test fixture unbinding at
+teardown) may set it. So `bind()` asks the driver which context is current
+(`cuCtxGetCurrent`, a thread-local read in the driver) and sets its own only
+when that differs; a cache of "this thread is bound" would go stale the moment
+another library changed it, and the next call would fail with
+CUDA_ERROR_INVALID_CONTEXT.
+
+Each ordinal the backend reports has its own device and primary context.
 
 A CUDA context does not survive `os.fork`: the child sees the parent's handles
 but the driver state behind them is gone. Devices created before a fork refuse
@@ -31,8 +37,6 @@ from capsafe.handles import Context, Device
 
 FORK_REMEDY = "create devices after fork, or use the 'spawn' start method for child processes"
 
-_thread = threading.local()  # .bound: the CudaDevice this thread last bound
-
 
 class CudaDevice:
     """One GPU and its primary context, retained once for the life of the process.
@@ -43,6 +47,7 @@ class CudaDevice:
     """
 
     def __init__(self, backend: Backend, ordinal: int = 0) -> None:
+        _check_ordinal(ordinal)
         count = backend.device_get_count()
         if not 0 <= ordinal < count:
             raise UsageError(f"device {ordinal} requested but only {count} device(s)")
@@ -66,9 +71,9 @@ class CudaDevice:
     def bind(self) -> CudaDevice:
         """Make this device's primary context current in the calling thread (cheap if it is)."""
         self._check_process()
-        if getattr(_thread, "bound", None) is not self:
+        current = self.backend.ctx_get_current()
+        if current is None or current.value != self.context.value:  # not the dataclass ==: slow
             self.backend.ctx_set_current(self.context)
-            _thread.bound = self
         return self
 
     make_current = bind
@@ -93,14 +98,20 @@ _devices: dict[int, CudaDevice] = {}
 _forked_after_cuda = False  # set in a child whose parent had retained devices
 
 
+def _check_ordinal(ordinal: object) -> None:
+    if not isinstance(ordinal, int) or isinstance(ordinal, bool):
+        raise UsageError(f"a device ordinal is an int, not {ordinal!r}")
+
+
 def device(ordinal: int = 0) -> CudaDevice:
     """The process-wide device `ordinal`, bound in the calling thread.
 
     Raises UsageError for an ordinal the machine does not have, and
     ForkedProcessError in a forked child whose parent had already initialized CUDA.
     """
-    found = _devices.get(ordinal)
+    found = _devices.get(ordinal) if type(ordinal) is int else None  # 1.0 and True hash as 1
     if found is None:
+        _check_ordinal(ordinal)
         with _lock:
             found = _devices.get(ordinal)
             if found is None:
@@ -128,7 +139,6 @@ def _after_fork_in_child() -> None:
     _lock = threading.Lock()
     _forked_after_cuda = _forked_after_cuda or bool(_devices)
     _devices.clear()
-    _thread.__dict__.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

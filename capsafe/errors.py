@@ -35,7 +35,8 @@ class CudaError(CapsafeError, RuntimeError):
             message += f" ({detail})"
         super().__init__(message)
 
-    def __reduce__(self):  # keep pickling (xdist, multiprocessing) exact
+    def __reduce__(self) -> tuple[type[CudaError], tuple[str, str, str]]:
+        # keep pickling (xdist, multiprocessing) exact, subclass included
         return (type(self), (self.result, self.call, self.detail))
 
 

@@ -16,7 +16,7 @@ non-blocking one).
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from capsafe.handles import CaptureMode, StreamKind
@@ -76,7 +76,15 @@ class Rule:
     why: str
 
 
-def _rule(name, calls, result, why, modes=MODES, streams=CAPTURE_STREAMS, callers=CALLERS):
+def _rule(
+    name: str,
+    calls: Iterable[str],
+    result: str,
+    why: str,
+    modes: Iterable[CaptureMode] = MODES,
+    streams: Iterable[StreamKind] = CAPTURE_STREAMS,
+    callers: Iterable[str] = CALLERS,
+) -> Rule:
     return Rule(
         name,
         frozenset(calls),

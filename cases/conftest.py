@@ -2,7 +2,8 @@
 
 Contract (other test modules rely on these names):
 - `sim_backend`: a new `SimBackend`, initialized, device 0's primary context
-  retained and current on the calling thread; released and unbound at teardown.
+  retained and current on the calling thread; released at teardown, which makes the
+  thread's previous context current again.
 - `backend`: the same setup, parametrized over "sim" and "cuda"; the "cuda"
   case carries the `cuda` marker, so it skips with a reason on machines without a GPU.
 - `sim_kernel`: `sim_kernel(name, fn)` registers a kernel stand-in for this test only.
@@ -16,19 +17,24 @@ from contextlib import ExitStack
 import pytest
 
 from capsafe.backend import Backend
-from capsafe.backend_sim import KernelStandIn, SimBackend, kernel_standin
+from capsafe.sim import KernelStandIn, SimBackend, kernel_standin
 
 
 def _bound(backend: Backend) -> Iterator[Backend]:
-    """Init, retain device 0's primary context and bind it; undo both afterwards."""
+    """Init, retain device 0's primary context and bind it; undo both afterwards.
+
+    The thread's current context is the driver's, shared with everything else in
+    the process (capsafe.device() among them), so teardown puts back what it found.
+    """
     backend.init()
     device = backend.device_get(0)
+    previous = backend.ctx_get_current()
     context = backend.primary_ctx_retain(device)
     backend.ctx_set_current(context)
     try:
         yield backend
     finally:
-        backend.ctx_set_current(None)
+        backend.ctx_set_current(previous)
         backend.primary_ctx_release(device)
 
 

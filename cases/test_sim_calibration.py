@@ -13,17 +13,17 @@ import pytest
 
 from capsafe import hazards
 from capsafe.backend import Backend
-from capsafe.backend_sim import (
-    ALLOCATION_GRANULARITY,
-    DEVICE_ATTRIBUTES,
-    DRIVER_VERSION,
-    TOTAL_MEMORY,
-    SimBackend,
-)
 from capsafe.errors import CaptureInvalidated, CudaError
 from capsafe.handles import LEGACY_STREAM, CaptureMode
 from capsafe.hazard_actions import NOOP_KERNEL, NOOP_PTX
 from capsafe.hazard_trial import run_trial
+from capsafe.sim import SimBackend
+from capsafe.sim.calibration import (
+    ALLOCATION_GRANULARITY,
+    DEVICE_ATTRIBUTES,
+    DRIVER_VERSION,
+    TOTAL_MEMORY,
+)
 
 N = 1 << 16
 

@@ -10,7 +10,6 @@ import pytest
 
 from capsafe import hazards
 from capsafe.backend import Backend
-from capsafe.backend_sim import SimBackend
 from capsafe.errors import CaptureInvalidated, CudaError
 from capsafe.handles import LEGACY_STREAM, CaptureMode, CaptureStatus, Stream, StreamKind
 from capsafe.hazard_actions import ACTIONS
@@ -21,6 +20,7 @@ from capsafe.hazard_calls import (
     hazard_call,
 )
 from capsafe.hazard_trial import run_trial
+from capsafe.sim import SimBackend
 
 CELLS = list(hazards.cells())
 

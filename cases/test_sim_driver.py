@@ -8,16 +8,10 @@ import threading
 
 import pytest
 
-from capsafe.backend_sim import (
-    DEVICE_NAME,
-    DRIVER_VERSION,
-    SimBackend,
-    kernel_standin,
-    register_kernel,
-    unregister_kernel,
-)
 from capsafe.errors import CudaError, UsageError
 from capsafe.handles import Device, Event, Function, Module, Stream
+from capsafe.sim import SimBackend, kernel_standin, register_kernel, unregister_kernel
+from capsafe.sim.calibration import DEVICE_NAME, DRIVER_VERSION
 
 PTX = b"""\
 .version 8.0

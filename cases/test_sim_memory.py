@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from capsafe.backend_sim import (
-    ALIGNMENT,
-    ALLOCATION_GRANULARITY,
-    DEVICE_BASE,
-    TOTAL_MEMORY,
-    SimBackend,
-)
 from capsafe.errors import CudaError, UsageError
+from capsafe.sim import SimBackend
+from capsafe.sim.calibration import ALIGNMENT, ALLOCATION_GRANULARITY, TOTAL_MEMORY
+from capsafe.sim.memory import DEVICE_BASE
 
 GRAN = ALLOCATION_GRANULARITY
 

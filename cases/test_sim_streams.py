@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from capsafe.backend_sim import SimBackend
 from capsafe.errors import CudaError
 from capsafe.handles import LEGACY_STREAM
+from capsafe.sim import SimBackend
 
 N = 4096
 
