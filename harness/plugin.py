@@ -12,7 +12,6 @@ it does not change the suite it observes.
 from __future__ import annotations
 
 import os
-import random
 import sys
 import time
 from collections.abc import Generator
@@ -21,8 +20,9 @@ from typing import Any
 
 import pytest
 
-from . import capture_errors, neighbor_run, order, phase_times
+from . import capture_errors, neighbor_run, order, phase_times, protect
 from .records import Outcome, Record, RecordWriter, bounded_details, first_lines, records_path
+from .seeding import Reseeder, registered_seeders
 
 DEFAULT_WATCH_ENV = "CAPSAFE_,CUDA_"
 PLUGIN_NAME = "capsafe-run"
@@ -49,7 +49,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--capsafe-seed",
         metavar="N|random",
-        help="order seed; also reseeds `random` per test from (seed, node id)",
+        help="order seed; also reseeds `random`, numpy (when imported) and pytest-randomly's "
+        "registered seeders per test from (seed, node id), and with -n fixes which worker "
+        "runs which test",
     )
     group.addoption(
         "--capsafe-shuffle",
@@ -77,6 +79,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help=f"environment prefixes whose changes a test leaves behind are recorded "
         f"(default {DEFAULT_WATCH_ENV})",
     )
+    protect.add_option(group)
     neighbor_run.add_option(group)
 
 
@@ -183,6 +186,7 @@ def _enable_frozen_guard(import_capsafe: bool) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    protect.configure(config)
     if not _active(config):
         return
     settings = _resolve(config)
@@ -293,6 +297,7 @@ class CapsafeRun:
         self.writer: RecordWriter | None = None
         self.index = -1
         self.test_seed = 0
+        self.reseed: Reseeder | None = None
         self.pid = os.getpid()
         self.env_before: dict[Any, Any] = {}
         self.exc_names: dict[tuple[str, str], tuple[str, ...]] = {}
@@ -354,23 +359,40 @@ class CapsafeRun:
         elif settings.seed is not None and settings.shuffle != "none":
             items[:] = order.shuffled(items, settings.seed, settings.shuffle, lambda i: i.nodeid)
 
-    # `random` restarts from the same (seed, node id) state before each phase, as in
-    # pytest-randomly, so a seeded failure repeats whatever ran before it.
+    @pytest.hookimpl(tryfirst=True, optionalhook=True)
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
+        """With a seed, xdist's default `load` split becomes a function of the seed."""
+        if self.settings.seed is None or config.getvalue("dist") != "load":
+            return None
+        from .schedule import SeededScheduling
+
+        return SeededScheduling(config, log)
+
+    # The generators restart from the same (seed, node id) state before each phase, as
+    # in pytest-randomly, so a seeded failure repeats whatever ran before it.
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         if self.settings.seed is not None:
             self.test_seed = order.per_test_seed(self.settings.seed, item.nodeid)
-            random.seed(self.test_seed)
+            self._reseed()
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_call(self, item: pytest.Item) -> None:
         if self.settings.seed is not None:
-            random.seed(self.test_seed)
+            self._reseed()
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_teardown(self, item: pytest.Item) -> None:
         if self.settings.seed is not None:
-            random.seed(self.test_seed)
+            self._reseed()
+
+    def _reseed(self) -> None:
+        if self.reseed is None:
+            seeders, problems = registered_seeders()
+            for problem in problems:
+                self._warn(f"capsafe: not reseeding with {problem}")
+            self.reseed = Reseeder(seeders)
+        self.reseed(self.test_seed)
 
     # -- records --------------------------------------------------------------
     def pytest_runtest_logstart(self, nodeid: str) -> None:
