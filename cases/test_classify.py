@@ -6,8 +6,11 @@ import pytest
 
 from capsafe_harness.classify import (
     CLASSES,
+    RULES,
+    Evidence,
     attempts,
     classify,
+    concurrent_with,
     process_sequence,
     run_sequence,
     severity,
@@ -47,24 +50,52 @@ def full(nodeid, outcome="passed", **kw):
 @pytest.mark.parametrize(
     ("evidence", "expected"),
     [
-        (dict(failures=0, isolation_runs=0, isolation_failures=0), "pass"),
-        (dict(failures=3, isolation_runs=3, isolation_failures=3), "fail"),
-        (dict(failures=1, isolation_runs=3, isolation_failures=3, state_setters=["s"]), "brittle"),
-        (dict(failures=2, isolation_runs=3, isolation_failures=1), "flaky"),
-        (dict(failures=2, isolation_runs=3, isolation_failures=0, polluters=["p"]),
+        (dict(runs=4, failures=0, isolation_runs=0, isolation_failures=0), "pass"),
+        (dict(runs=3, failures=3, isolation_runs=3, isolation_failures=3), "fail"),
+        (dict(runs=4, failures=1, isolation_runs=3, isolation_failures=3, state_setters=["s"]),
+         "brittle"),
+        (dict(runs=4, failures=2, isolation_runs=3, isolation_failures=1), "flaky"),
+        (dict(runs=4, failures=2, isolation_runs=3, isolation_failures=0, polluters=["p"]),
          "order-dependent"),
-        (dict(failures=2, isolation_runs=3, isolation_failures=0), "flaky"),  # no cause found
-        (dict(failures=2, isolation_runs=0, isolation_failures=0), "flaky"),  # never rerun
-        (dict(failures=2, isolation_runs=3, isolation_failures=1, polluters=["p"]), "flaky"),
+        (dict(runs=4, failures=2, isolation_runs=3, isolation_failures=0), "flaky"),  # no cause
+        (dict(runs=4, failures=2, isolation_runs=3, isolation_failures=1, polluters=["p"]),
+         "flaky"),
+        # problem 5: fails 3 of 3 alone but passed in 2 of 4 suite runs, no setter: not "fail"
+        (dict(runs=4, failures=2, isolation_runs=3, isolation_failures=3), "flaky"),
+        # problem 8: the budget ran out before any rerun: not "flaky"
+        (dict(runs=4, failures=4, isolation_runs=0, isolation_failures=0), "unverified"),
+        # a victim found by a trial: never failed in the runs, but fails after its polluter
+        (dict(runs=4, failures=0, isolation_runs=3, isolation_failures=0, polluters=["p"]),
+         "order-dependent"),
+        (dict(runs=4, failures=2, isolation_runs=3, isolation_failures=0, concurrent=["x"]),
+         "parallel-unsafe"),
+        (dict(runs=4, failures=2, isolation_runs=3, isolation_failures=1, concurrent=["x"]),
+         "flaky"),
+        (dict(collect_error="SyntaxError"), "error"),
     ],
 )  # fmt: skip
 def test_classification_rules(evidence, expected):
-    assert classify(**evidence) == expected
+    assert classify(Evidence("t.py::t", **evidence)) == expected
 
 
-def test_classes_are_worst_first():
-    assert CLASSES[0] == "fail" and CLASSES[-1] == "pass"
+def test_every_class_has_one_rule_and_classes_are_worst_first():
+    assert sorted(rule.name for rule in RULES) == sorted(CLASSES)
+    assert all(rule.evidence for rule in RULES)
+    assert CLASSES[0] == "error" and CLASSES[-1] == "pass"
     assert severity("fail") < severity("flaky") < severity("pass")
+
+
+def test_concurrent_tests_are_other_workers_overlapping_in_time():
+    rows = (
+        full("v", "failed", worker="gw0", pid=1, time=2.0)
+        + full("same", worker="gw0", pid=1, index=1, time=2.5)
+        + full("during", worker="gw1", pid=2, time=2.0)
+        + full("later", worker="gw1", pid=2, index=1, time=9.0)
+    )
+    for r in rows:
+        r["start"], r["stop"] = r["time"] - 0.1, r["time"] + 0.1
+    every = attempts(rows)
+    assert concurrent_with(every, every["run-1", "v"]) == ["during"]
 
 
 # ---------------------------------------------------------------- attempts

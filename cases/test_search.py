@@ -1,4 +1,6 @@
-"""The cause search: replay counts for one polluter, delta debugging for several, verification."""
+"""The cause search: replay counts for one polluter, delta debugging for several, hints, the cap.
+
+Verification (K replays each way) is the sweep's, not the search's: cases/test_sweep_evidence.py."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ import math
 
 import pytest
 
-from capsafe_harness.search import CountingOracle, bisect, ddmin, search
+from capsafe_harness.search import CountingOracle, bisect, capped_ddmin, ddmin, grouped, search
 
 
 def needs(*culprits: str, log: list[tuple[str, ...]] | None = None):
@@ -25,15 +27,15 @@ def names(n: int) -> list[str]:
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13, 64, 100, 257, 1000])
-def test_single_polluter_within_log2_plus_3_replays_wherever_it_is(n):
+def test_single_polluter_within_log2_plus_2_replays_wherever_it_is(n):
     candidates = names(n)
     for position in {0, n // 3, n // 2, n - 1}:
         polluter = candidates[position]
         result = search("t.py::victim", candidates, needs(polluter))
         assert result.culprits == (polluter,)
-        assert result.reproduced and result.verified
+        assert result.reproduced and not result.capped
         assert result.candidates == n
-        assert result.replays <= math.ceil(math.log2(n)) + 3
+        assert result.replays <= math.ceil(math.log2(n)) + 2
 
 
 def test_first_replay_is_the_whole_prefix():
@@ -41,7 +43,6 @@ def test_first_replay_is_the_whole_prefix():
     candidates = names(10)
     search("v", candidates, needs(candidates[7], log=log))
     assert log[0] == tuple(candidates)
-    assert () in log  # the victim alone was checked too
 
 
 def test_pair_of_polluters_needed_together_is_found_by_ddmin():
@@ -49,7 +50,7 @@ def test_pair_of_polluters_needed_together_is_found_by_ddmin():
     pair = (candidates[3], candidates[31])  # one in each half: bisection alone cannot
     result = search("v", candidates, needs(*pair))
     assert result.culprits == pair
-    assert result.verified
+    assert not result.capped
 
 
 def test_three_polluters_needed_together():
@@ -65,11 +66,35 @@ def test_nothing_reproduces_means_no_culprit_and_one_replay():
     assert result.replays == 1
 
 
-def test_target_that_misbehaves_alone_is_not_explained_by_a_prefix():
-    result = search("v", names(8), lambda tests: True)
-    assert result.reproduced
-    assert not result.verified
-    assert result.culprits == ()
+def test_a_known_cause_is_asked_first_and_ends_the_search():
+    log: list[tuple[str, ...]] = []
+    candidates = names(64)
+    pair = (candidates[5], candidates[50])
+    result = search("v", candidates, needs(*pair, log=log), hints=[("x",), pair])
+    assert result.culprits == pair and result.replays == 2
+    assert log == [("x",), pair]
+
+
+def test_ddmin_stops_at_its_cap_and_says_so():
+    candidates = names(112)
+    trio = (candidates[1], candidates[60], candidates[111])
+    found, capped = capped_ddmin(candidates, needs(*trio), cap=10)
+    assert capped and set(trio) <= set(found)
+    result = search("v", candidates, needs(*trio), ddmin_cap=10)
+    assert result.capped and result.replays <= 1 + math.ceil(math.log2(112)) + 1 + 10
+    assert capped_ddmin(candidates, needs(*trio), cap=1000) == (list(trio), False)
+
+
+def test_grouped_keeps_modules_and_classes_together_and_the_target_module_last():
+    ids = ["b.py::t1", "a.py::C::x", "b.py::t2", "a.py::y", "a.py::C::z", "c.py::k"]
+    assert grouped(ids, "a.py") == [
+        "b.py::t1",
+        "b.py::t2",
+        "c.py::k",
+        "a.py::C::x",
+        "a.py::C::z",
+        "a.py::y",
+    ]
 
 
 def test_state_setter_for_a_brittle_test():

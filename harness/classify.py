@@ -2,25 +2,29 @@
 
 A test's rows in one process (setup, call, teardown, plus the xdist
 controller's crash row) collapse into one `Attempt`: it failed when any phase
-failed. The classification rules are deliberately few and ordered, so every
-test lands in exactly one class:
-
-- pass: never failed.
-- fail: failed alone every time it was rerun in a fresh process (no state-setter found).
-- brittle: failed alone every time, but passed in the suite after a state-setter that was found.
-- flaky: failed alone only sometimes, or failed in the suite with no polluter found
-  (a nondeterministic failure, or one whose cause could not be reproduced).
-- order-dependent: failed in the suite, never alone, and a polluter was found.
+failed. What the sweep learned about a test across all its processes is its
+`Evidence`; `RULES` turns that into exactly one class: the first rule whose
+evidence holds wins, so a new class slots in as one row at the place its
+evidence must be checked.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
 from .records import Record
 
-CLASSES = ("fail", "order-dependent", "brittle", "flaky", "pass")
+CLASSES = (
+    "error",
+    "fail",
+    "order-dependent",
+    "brittle",
+    "parallel-unsafe",
+    "flaky",
+    "unverified",
+    "pass",
+)
 """Every classification, worst first: the order the report sorts by."""
 
 UNFINISHED_MESSAGE = "the test process died while this test ran"
@@ -41,6 +45,7 @@ class Attempt:
     start: float  # time of its first row: orders tests across processes
     seed: int | None
     message: str
+    stop: float = 0.0  # when its last phase ended: with `start`, who ran at the same time
 
 
 def attempts(rows: Iterable[Record]) -> dict[tuple[str, str], Attempt]:
@@ -68,6 +73,7 @@ def _fold(rows: list[Record]) -> Attempt:
         start=min(r["time"] for r in rows),
         seed=first["seed"],
         message=next((r["message"] for r in failing if r["message"]), ""),
+        stop=max(float(r.get("stop", r["time"])) for r in rows),
     )
 
 
@@ -143,22 +149,82 @@ def run_sequence(every: dict[tuple[str, str], Attempt], victim: Attempt) -> list
     return [a.nodeid for a in sorted(before, key=lambda a: a.start)]
 
 
-def classify(
-    *,
-    failures: int,
-    isolation_runs: int,
-    isolation_failures: int,
-    polluters: Sequence[str] = (),
-    state_setters: Sequence[str] = (),
-) -> str:
-    """The one class a test's evidence puts it in (rules in the module docstring)."""
-    if failures == 0 and isolation_failures == 0:
-        return "pass"
-    if isolation_runs and isolation_failures == isolation_runs:
-        return "brittle" if state_setters else "fail"
-    if isolation_failures == 0 and polluters:
-        return "order-dependent"
-    return "flaky"
+def concurrent_with(every: dict[tuple[str, str], Attempt], victim: Attempt) -> list[str]:
+    """The tests of other workers of the victim's run whose run overlapped the victim's."""
+    return sorted(
+        a.nodeid
+        for a in every.values()
+        if a.run_id == victim.run_id
+        and a.worker != victim.worker
+        and a.nodeid != victim.nodeid
+        and a.start < victim.stop
+        and victim.start < a.stop
+    )
+
+
+@dataclass
+class Evidence:
+    """What the sweep learned about one test, filled in phase by phase.
+
+    `polluters` and `state_setters` hold only causes verified K times; a cause a
+    search found that did not verify is kept in `unconfirmed`.
+    """
+
+    nodeid: str
+    runs: int = 0
+    failures: int = 0
+    isolation_runs: int = 0
+    isolation_failures: int = 0
+    polluters: list[str] = field(default_factory=list)
+    state_setters: list[str] = field(default_factory=list)
+    unconfirmed: list[str] = field(default_factory=list)
+    concurrent: list[str] = field(default_factory=list)  # set only when parallel-unsafe holds
+    collect_error: str | None = None
+    signals: set[str] = field(default_factory=set)
+    message: str = ""
+
+    @property
+    def ever_failed_alone(self) -> bool:
+        return self.isolation_failures > 0
+
+    @property
+    def always_failed_alone(self) -> bool:
+        return self.isolation_runs > 0 and self.isolation_failures == self.isolation_runs
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One class and the evidence that puts a test in it (checked in RULES order)."""
+
+    name: str
+    holds: Callable[[Evidence], bool]
+    evidence: str  # the rule, in words, for the docs and `capsafe sweep --help`
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("error", lambda e: e.collect_error is not None,
+         "pytest could not collect it (import or syntax error): no test of it ran"),
+    Rule("pass", lambda e: e.failures == 0 and e.isolation_failures == 0 and not e.polluters,
+         "never failed, in the suite or alone"),
+    Rule("unverified", lambda e: e.isolation_runs == 0 and not e.polluters,
+         "failed in the suite, but the budget ran out before it was rerun alone"),
+    Rule("brittle", lambda e: e.always_failed_alone and bool(e.state_setters),
+         "fails alone every time; passes after its state-setter every time (K replays each)"),
+    Rule("order-dependent", lambda e: not e.ever_failed_alone and bool(e.polluters),
+         "never failed alone; fails after its polluter(s) every time (K replays each)"),
+    Rule("fail", lambda e: e.always_failed_alone and e.failures == e.runs,
+         "failed every time: in every suite run and every rerun alone"),
+    Rule("parallel-unsafe", lambda e: not e.ever_failed_alone and bool(e.concurrent),
+         "failed only while other workers ran; never alone, nor when its worker's sequence "
+         "was replayed in one process (K times)"),
+    Rule("flaky", lambda e: True,
+         "anything else: fails only sometimes, or its cause did not verify"),
+)  # fmt: skip
+
+
+def classify(evidence: Evidence) -> str:
+    """The one class a test's evidence puts it in: the first rule of RULES that holds."""
+    return next(rule.name for rule in RULES if rule.holds(evidence))
 
 
 def severity(classification: str) -> int:

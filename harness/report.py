@@ -33,6 +33,9 @@ HEATMAP_LIMIT = 80  # rows of the heat map; the rest are summarised in one line
 PASSING_SHOWN = 200  # passing tests listed in the collapsed section of the table
 
 COLOURS = {
+    "error": "#82071e",
+    "parallel-unsafe": "#0969da",
+    "unverified": "#6e7781",
     "fail": "#cf222e",
     "order-dependent": "#8250df",
     "brittle": "#bc4c00",
@@ -40,6 +43,9 @@ COLOURS = {
     "pass": "#2da44e",
 }
 DESCRIPTIONS = {
+    "error": "could not be collected",
+    "parallel-unsafe": "fails only beside other workers",
+    "unverified": "failed; not rerun (budget)",
     "fail": "fails alone every time",
     "order-dependent": "fails after a polluter, passes alone",
     "brittle": "fails alone, passes after a state-setter",

@@ -1,129 +1,90 @@
 """`capsafe sweep`: run a suite many ways, explain every failure, write the report.
 
-Phases, each a set of pytest subprocesses driven through the capsafe plugin:
-1. runs: the whole suite N times under xdist, a different seed (order) each;
-2. isolation: every test that ever failed, alone, in R fresh processes;
+Phases, each a method, each a set of pytest subprocesses (harness.runner):
+0. collection: the node ids exactly as `pytest --collect-only -q` prints them, and
+   every collection error (class `error`);
+1. runs: the whole suite N times under xdist, a different seed each, alternating a
+   global shuffle with a bucketed one (module -> class -> test);
+2. isolation: every test that ever failed, alone, in R fresh processes; a failure
+   alone beside other reruns is confirmed with no other test process alive;
 3. searches: for a test that fails in the suite but never alone, replay what ran
-   before it in its process to find the polluter; for one that fails alone but
-   passed in the suite, find the state-setter (harness.search);
-4. classification and reports (harness.classify, harness.report, harness.history).
+   before it to find the polluter; for one that fails alone but passes in the
+   suite, the state-setter (harness.search). A cause counts only once verified
+   VERIFY_TIMES times each way; a verified cause is then tried on the victim's
+   module siblings and on every failing test. A test that failed only beside other
+   workers and passes when its worker's sequence is replayed is `parallel-unsafe`;
+4. classification (harness.classify) and reports (harness.report, harness.history).
 
-Every subprocess runs in its own session under a stall watchdog: one that
-writes nothing for `stall_s` seconds is killed and the test it was in is
-recorded as timed out, so a hang never stops the sweep. Ctrl-C and an
-exhausted --budget both stop new work and still write the report.
+Ctrl-C and an exhausted --budget both stop new work and still write the report.
+An --out holds one sweep: sweep.json names its options and the runs done, so
+--resume can continue it.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import hashlib
+import json
 import os
 import re
-import shlex
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from . import classify as cl
 from . import history, order, report, search, stats
+from .classify import Evidence
+from .options import SweepError, SweepOptions
 from .records import Record, load_records
+from .runner import (
+    PYTEST_NO_RUN,
+    SWEEP_SHARED_ENV,
+    SWEEP_TMP_ENV,
+    Interrupted,
+    ProcessResult,
+    Runner,
+    suite_root,
+)
+from .summary import SearchRecord, Summary, TestVerdict
 
-SWEEP_TMP_ENV = "CAPSAFE_SWEEP_TMP"
-"""Set for every test process: a fresh empty directory of its own, removed afterwards."""
-SWEEP_SHARED_ENV = "CAPSAFE_SWEEP_SHARED"
-"""Set for every test process: one directory shared by all processes of this sweep.
-
-For suites that keep state across processes on purpose (the planted flaky suite
-counts its invocations there, so its nondeterminism is the same in every sweep).
-"""
+__all__ = [
+    "SWEEP_SHARED_ENV",
+    "SWEEP_TMP_ENV",
+    "SweepError",
+    "SweepOptions",
+    "run_seeds",
+    "run_sweep",
+    "suite_root",
+]
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-PYTEST_NO_RUN = (2, 3, 4, 5)  # interrupted, internal error, usage error, no tests collected
 MAX_PREFIXES = 2  # failing (or passing) runs whose prefix a search tries before widening
+VERIFY_TIMES = 3  # K: a cause is reported only when it reproduces K times, and K times not without
+SHUFFLES = ("global", "module")  # run k uses SHUFFLES[(k - 1) % 2]
+STATE_FILE = "sweep.json"
+SWEEP_FILES = (STATE_FILE, "raw", "replays", "records.jsonl", "tests.csv", "summary.json",
+               "report.md", "report.html")  # fmt: skip
+"""What a sweep writes into --out: all that --force removes."""
+WORST_SHOWN = 10  # tests the console lists at the end
 
 
 class _BudgetSpent(Exception):
     """Raised inside a search when --budget runs out between two replays."""
 
 
-class Interrupted(KeyboardInterrupt):
-    """Ctrl-C while a test process ran: carries what that process finished before it died."""
-
-    def __init__(self, result: ProcessResult) -> None:
-        super().__init__()
-        self.result = result
-
-
-class SweepError(Exception):
-    """The sweep cannot start or the suite cannot be run at all: a usage error (exit 2)."""
-
-
-@dataclass(frozen=True)
-class SweepOptions:
-    """Everything `capsafe sweep` was asked to do. Paths are absolute."""
-
-    paths: tuple[Path, ...]
-    out: Path
-    seed: int
-    runs: int = 5
-    workers: int = 2
-    timeout: float = 60.0
-    isolation_runs: int = 3
-    neighbors: int = 0
-    threads: int = 1
-    budget: float | None = None
-    baseline: frozenset[str] = frozenset()
-    pytest_args: tuple[str, ...] = ()
-    stall_s: float | None = None  # None: 2 x timeout + 30 s
-    progress: bool = True
-
-    @property
-    def stall_limit(self) -> float:
-        return self.stall_s if self.stall_s is not None else 2 * self.timeout + 30
-
-
-@dataclass
-class ProcessResult:
-    """One pytest subprocess: its exit code, rows, and whether the watchdog killed it."""
-
-    label: str
-    returncode: int
-    rows: list[Record]
-    stalled: bool
-    log: Path
-    malformed: int = 0  # record lines that could not be read (skipped, counted in the notes)
-
-
 @dataclass
 class SweepResult:
-    summary: dict[str, Any]
+    summary: Summary
     exit_code: int
     reason: str
-
-
-@dataclass
-class _Evidence:
-    """What the sweep learned about one test, filled in phase by phase."""
-
-    nodeid: str
-    runs: int = 0
-    failures: int = 0
-    isolation_runs: int = 0
-    isolation_failures: int = 0
-    polluters: list[str] = field(default_factory=list)
-    state_setters: list[str] = field(default_factory=list)
-    signals: set[str] = field(default_factory=set)
 
 
 def run_seeds(seed: int, count: int, kind: str = "run") -> list[int]:
@@ -139,164 +100,6 @@ def run_seeds(seed: int, count: int, kind: str = "run") -> list[int]:
     return [seed, *derived[1:]] if kind == "run" and derived else derived
 
 
-def suite_root(paths: Sequence[Path]) -> Path:
-    """Where pytest runs: the common parent of the paths, so the suite's own ini applies."""
-    if not paths:
-        return Path.cwd()
-    common = Path(os.path.commonpath([str(p) for p in paths]))
-    return common if common.is_dir() else common.parent
-
-
-class Runner:
-    """Starts pytest subprocesses for one sweep and can kill all of them at once."""
-
-    def __init__(self, options: SweepOptions, raw: Path) -> None:
-        self.options = options
-        self.raw = raw
-        self.shared = raw / "shared"
-        self.shared.mkdir(parents=True, exist_ok=True)
-        self.cwd = suite_root(options.paths)
-        self.stopping = threading.Event()
-        self._live: set[subprocess.Popen[bytes]] = set()
-        self._lock = threading.Lock()
-
-    # -- commands -------------------------------------------------------------
-    def targets(self) -> list[str]:
-        return [os.path.relpath(p, self.cwd) for p in self.options.paths]
-
-    def replay_targets(self, nodeids: Iterable[str]) -> list[str]:
-        """The files holding `nodeids`, so a replay collects only those (else every path)."""
-        files: list[str] = []
-        for nodeid in nodeids:
-            part = nodeid.split("::", 1)[0]
-            found = next(
-                (b / part for b in (self.cwd, *self.cwd.parents) if (b / part).exists()), None
-            )
-            if found is None:
-                return self.targets()
-            rel = os.path.relpath(found, self.cwd)
-            if rel not in files:
-                files.append(rel)
-        return files
-
-    def pytest_command(
-        self,
-        targets: Sequence[str],
-        records: Path | None,
-        run_id: str | None,
-        *,
-        seed: int | None,
-        workers: int,
-        replay_file: Path | None = None,
-    ) -> list[str]:
-        o = self.options
-        cmd = [sys.executable, "-m", "pytest", *targets, "-p", "capsafe"]
-        if records is not None:
-            cmd += ["--capsafe-records", str(records), "--capsafe-run-id", str(run_id)]
-        if replay_file is not None:
-            cmd += ["--capsafe-replay", str(replay_file)]
-        elif seed is not None:
-            cmd += ["--capsafe-shuffle", "global"]
-        if seed is not None:
-            cmd += ["--capsafe-seed", str(seed)]
-        cmd += ["-n", str(workers)] if workers else ["-p", "no:xdist"]
-        cmd += ["--timeout", f"{o.timeout:g}", "--timeout-method", "signal"]
-        if o.neighbors:
-            cmd += ["--capsafe-neighbors", str(o.neighbors)]
-        if o.threads > 1:
-            cmd += ["--parallel-threads", str(o.threads)]
-        return [*cmd, "-q", "-p", "no:cacheprovider", *o.pytest_args]
-
-    def replay_command(self, replay_file: Path, nodeids: Sequence[str]) -> str:
-        """A shell line a person can paste to see the failure again."""
-        cmd = self.pytest_command(
-            self.replay_targets(nodeids), None, None, seed=None, workers=0,
-            replay_file=replay_file,
-        )  # fmt: skip
-        return f"cd {shlex.quote(str(self.cwd))} && {shlex.join(cmd)}"
-
-    # -- processes ------------------------------------------------------------
-    def run(self, label: str, cmd: list[str]) -> ProcessResult:
-        """Run one pytest process to completion (or stall, or stop) and read its rows."""
-        records = self.raw / label
-        records.mkdir(parents=True, exist_ok=True)
-        log = self.raw / f"{label}.log"
-        scratch = tempfile.mkdtemp(prefix=f"capsafe-{label}-")
-        env = {**os.environ, SWEEP_TMP_ENV: scratch, SWEEP_SHARED_ENV: str(self.shared)}
-        stalled = interrupted = False
-        try:
-            with open(log, "wb") as out:
-                proc = subprocess.Popen(
-                    cmd, cwd=self.cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, start_new_session=True,
-                )  # fmt: skip
-                with self._lock:
-                    self._live.add(proc)
-                try:
-                    stalled = self._watch(proc, records, log)
-                except KeyboardInterrupt:
-                    _kill(proc)
-                    interrupted = True
-                except BaseException:  # never leave a test process behind
-                    _kill(proc)
-                    raise
-                finally:
-                    with self._lock:
-                        self._live.discard(proc)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-        rows, malformed = load_records(records)
-        if interrupted:
-            raise Interrupted(
-                ProcessResult(label, proc.returncode, cl.finished_rows(rows), False, log, malformed)
-            )
-        stall = self.options.stall_limit if stalled else None
-        rows += cl.unfinished_rows(rows, stalled_after=stall)
-        return ProcessResult(label, proc.returncode, rows, stalled, log, malformed)
-
-    def _watch(self, proc: subprocess.Popen[bytes], records: Path, log: Path) -> bool:
-        last, changed = -1, time.monotonic()
-        while True:
-            try:
-                proc.wait(timeout=0.05)
-                return False
-            except subprocess.TimeoutExpired:
-                pass
-            if self.stopping.is_set():
-                raise KeyboardInterrupt
-            size = _size(records) + _size(log)
-            now = time.monotonic()
-            if size != last:
-                last, changed = size, now
-            elif now - changed > self.options.stall_limit:
-                _kill(proc)
-                return True
-
-    def kill_all(self) -> None:
-        self.stopping.set()
-        with self._lock:
-            live = list(self._live)
-        for proc in live:
-            _kill(proc)
-
-
-def _kill(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        proc.kill()
-    proc.wait()
-
-
-def _size(path: Path) -> int:
-    if path.is_dir():
-        return sum(_size(p) for p in path.iterdir())
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
 class Sweep:
     """One sweep: holds the evidence as phases add to it, so an interruption can still report."""
 
@@ -304,28 +107,37 @@ class Sweep:
         self.options = options
         self.started = time.monotonic()
         self.raw = options.out / "raw"
-        self.runner = Runner(options, self.raw)
+        self.bar = _progress_bar(options.progress)
+        self.runner = Runner(options, self.raw, on_tests=self.bar.update)
         self.rows: list[Record] = []
         self.run_ids: list[str] = []
         self.seeds: list[int] = []
+        self.shuffles: list[str] = []
         self.run_attempts: dict[tuple[str, str], cl.Attempt] = {}
-        self.evidence: dict[str, _Evidence] = {}
-        self.searches: list[dict[str, Any]] = []
+        self.evidence: dict[str, Evidence] = {}
+        self.collected: tuple[str, ...] = ()
+        self.searches: list[SearchRecord] = []
         self.notes: list[str] = []
+        self.causes: list[tuple[str, tuple[str, ...]]] = []  # (kind, verified culprits)
+        self._busy: set[str] = set()  # tests a search or trial is explaining right now
         self._labels = 0
-        self._label_lock = threading.Lock()
+        self._lock = threading.RLock()
 
     # -- driver ---------------------------------------------------------------
     def execute(self) -> SweepResult:
         interrupted = False
         try:
-            self._runs()
-            self._isolation()
-            self._searches()
+            self._collect()
+            if self.collected:
+                self._runs()
+                self._isolation()
+                self._searches()
         except KeyboardInterrupt:
             interrupted = True
             self.runner.kill_all()
             self.notes.append("interrupted (Ctrl-C): the report covers what ran before it")
+        finally:
+            self.bar.close()
         return self._finish(interrupted)
 
     def _budget_left(self) -> bool:
@@ -337,42 +149,81 @@ class Sweep:
             self.notes.append(f"budget of {self.options.budget:g}s spent: skipped {count} {what}")
 
     def _label(self, kind: str) -> str:
-        with self._label_lock:
+        with self._lock:
             self._labels += 1
             return f"{kind}-{self._labels}"
 
-    def _bar(self, total: int, desc: str):
-        from tqdm import tqdm
+    def _ev(self, nodeid: str) -> Evidence:
+        with self._lock:
+            return self.evidence.setdefault(nodeid, Evidence(nodeid))
 
-        return tqdm(total=total, desc=desc, unit=desc.split()[-1], file=sys.stderr,
-                    disable=not self.options.progress or total == 0, leave=False)  # fmt: skip
+    # -- phase 0: collection --------------------------------------------------
+    def _collect(self) -> None:
+        found = self.runner.collect()
+        self.collected = found.nodeids
+        for nodeid, message in found.errors.items():
+            ev = self._ev(nodeid)
+            ev.collect_error = ev.message = message
+        if not found.nodeids and not found.errors:
+            raise SweepError("pytest could not run the suite (exit 5): no tests were collected")
+        self.bar.total = self.options.runs * len(found.nodeids)
 
     # -- phase 1: runs --------------------------------------------------------
     def _runs(self) -> None:
         o = self.options
-        seeds = run_seeds(o.seed, o.runs)
-        with self._bar(o.runs, "suite runs") as bar:
-            for k, seed in enumerate(seeds, start=1):
-                if k > 1 and not self._budget_left():
-                    self._skip_for_budget("suite runs", o.runs - k + 1)
-                    break
-                run_id = f"run-{k}"
-                cmd = self.runner.pytest_command(
-                    self.runner.targets(), self.raw / run_id, run_id, seed=seed,
-                    workers=o.workers,
-                )  # fmt: skip
-                try:
-                    result = self.runner.run(run_id, cmd)
-                except Interrupted as stop:
-                    self._add_run(run_id, seed, stop.result)
-                    raise
-                self._check_ran(result)
-                self._add_run(run_id, seed, result)
-                bar.update()
+        done = self._resumed_runs() if o.resume else set()
+        self._write_state(done)
+        for k, seed in enumerate(run_seeds(o.seed, o.runs), start=1):
+            run_id = f"run-{k}"
+            if k in done:
+                continue
+            if self.run_ids and not self._budget_left():
+                self._skip_for_budget("suite runs", o.runs - k + 1)
+                break
+            shuffle = SHUFFLES[(k - 1) % len(SHUFFLES)]
+            cmd = self.runner.pytest_command(
+                self.runner.targets(), self.raw / run_id, run_id, seed=seed,
+                workers=o.workers, shuffle=shuffle,
+            )  # fmt: skip
+            try:
+                result = self.runner.run(run_id, cmd)
+            except Interrupted as stop:
+                self._add_run(run_id, seed, shuffle, stop.result)
+                raise
+            self._check_ran(result)
+            self._add_run(run_id, seed, shuffle, result)
+            done.add(k)
+            self._write_state(done)
 
-    def _add_run(self, run_id: str, seed: int, result: ProcessResult) -> None:
+    def _resumed_runs(self) -> set[int]:
+        """The runs the sweep in --out finished: their records become evidence again."""
+        state = json.loads((self.options.out / STATE_FILE).read_text(encoding="utf-8"))
+        done = {int(k) for k in state["runs_done"]}
+        seeds = run_seeds(self.options.seed, self.options.runs)
+        for k in sorted(done):
+            run_id = f"run-{k}"
+            rows, malformed = load_records(self.raw / run_id)
+            rows += cl.unfinished_rows(rows)
+            shuffle = SHUFFLES[(k - 1) % len(SHUFFLES)]
+            self._add_run(run_id, seeds[k - 1], shuffle,
+                          ProcessResult(run_id, 0, rows, False, self.raw / f"{run_id}.log",
+                                        malformed))  # fmt: skip
+            self.bar.update(len(self.collected))
+        kept = {f"run-{k}" for k in done} | {f"run-{k}.log" for k in done} | {"shared"}
+        for entry in self.raw.iterdir():  # replays of the interrupted sweep: redone
+            if entry.name not in kept and entry.name != "collected.json":
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+        self.notes.append(f"resumed: {len(done)} of {self.options.runs} runs from the sweep before")
+        return done
+
+    def _write_state(self, done: set[int]) -> None:
+        state = {"options": self.options.identity(), "runs_done": sorted(done)}
+        (self.options.out / STATE_FILE).write_text(json.dumps(state, indent=1), encoding="utf-8")
+
+    def _add_run(self, run_id: str, seed: int, shuffle: str, result: ProcessResult) -> None:
         self.run_ids.append(run_id)
         self.seeds.append(seed)
+        self.shuffles.append(shuffle)
         self._take(result)
         found = cl.attempts(result.rows)
         self.run_attempts.update(found)
@@ -381,102 +232,252 @@ class Sweep:
             ev.runs += 1
             ev.failures += attempt.failed
             ev.signals |= attempt.signals
+            if attempt.failed and not ev.message:
+                ev.message = attempt.message
 
     def _check_ran(self, result: ProcessResult) -> None:
         if result.rows or result.stalled or result.returncode not in PYTEST_NO_RUN:
             return
-        if result.returncode == 5:
-            detail = "no tests were collected"
-        else:
-            detail = _last_line(result.log) or f"see {result.log}"
+        detail = _last_line(result.log) or f"see {result.log}"
         raise SweepError(f"pytest could not run the suite (exit {result.returncode}): {detail}")
 
     def _take(self, result: ProcessResult) -> None:
-        self.rows += result.rows
-        if result.malformed:
-            self.notes.append(
-                f"{result.label}: skipped {result.malformed} malformed record line(s) "
-                f"in {self.raw / result.label}"
-            )
-        if result.stalled:
-            self.notes.append(
-                f"{result.label}: no progress for {self.options.stall_limit:g}s; the process "
-                "was killed and the test it was in recorded as timed out"
-            )
-
-    def _ev(self, nodeid: str) -> _Evidence:
-        return self.evidence.setdefault(nodeid, _Evidence(nodeid))
+        with self._lock:
+            self.rows += result.rows
+            if result.malformed:
+                self.notes.append(
+                    f"{result.label}: skipped {result.malformed} malformed record line(s) "
+                    f"in {self.raw / result.label}"
+                )
+            if result.stalled:
+                self.notes.append(
+                    f"{result.label}: no progress for {self.options.stall_limit:g}s; the process "
+                    "was killed and the test it was in recorded as timed out"
+                )
 
     # -- phase 2: isolation ---------------------------------------------------
-    def _isolation(self) -> None:
+    def _isolation(self, extra_args: Sequence[Sequence[str]] = ((),)) -> None:
+        """Rerun every failing test alone, `isolation_runs` times; rerun i adds
+        `extra_args[i % len(extra_args)]` to its pytest command."""
         failing = sorted(n for n, ev in self.evidence.items() if ev.failures)
         jobs = [(n, i) for n in failing for i in range(self.options.isolation_runs)]
         seeds = run_seeds(self.options.seed, len(jobs), kind="alone")
 
-        def alone(job: tuple[str, int], i: int) -> tuple[str, bool | None, frozenset[str]]:
-            failed, signals = self._replay([], job[0], seeds[i], "alone")
-            return job[0], failed, signals
+        def alone(job: tuple[str, int], i: int) -> list[Any]:
+            nodeid, rerun = job
+            extra = tuple(extra_args[rerun % len(extra_args)])
+            failed, signals = self._replay([], nodeid, seeds[i], "alone", extra=extra)
+            if failed and self._width() > 1:  # beside other reruns: confirm with none alive
+                failed, signals = self._replay(
+                    [], nodeid, seeds[i], "alone", extra=extra, exclusive=True
+                )
+            with self._lock:
+                ev = self._ev(nodeid)
+                if failed is None:
+                    self.notes.append(f"{nodeid}: did not run alone (see the alone-*.log files)")
+                    return []
+                ev.isolation_runs += 1
+                ev.isolation_failures += failed
+                ev.signals |= signals
+            return []
 
-        for nodeid, failed, signals in self._pool("isolation reruns", jobs, alone):
-            ev = self._ev(nodeid)
-            if failed is None:
-                self.notes.append(f"{nodeid}: did not run alone (see the alone-*.log files)")
-                continue
-            ev.isolation_runs += 1
-            ev.isolation_failures += failed
-            ev.signals |= signals
+        self._pool("isolation reruns", jobs, alone)
 
     # -- phase 3: searches ----------------------------------------------------
     def _searches(self) -> None:
-        jobs: list[tuple[str, str]] = []
+        jobs: list[tuple[str, ...]] = []
         for nodeid, ev in sorted(self.evidence.items()):
             if not ev.failures or not ev.isolation_runs:
                 continue
-            if ev.isolation_failures == 0:
+            if not ev.ever_failed_alone:
                 jobs.append(("polluter", nodeid))
-            elif ev.isolation_failures == ev.isolation_runs:
+            elif ev.always_failed_alone:
                 jobs.append(("state-setter", nodeid))
-        for kind, nodeid, found, record in self._pool(
-            "cause searches", jobs, lambda job, _: self._search(*job)
-        ):
-            self.searches.append(record)
-            target = self._ev(nodeid)
-            if kind == "polluter":
-                target.polluters = list(found)
-            else:
-                target.state_setters = list(found)
+        self._pool("cause searches", jobs, self._search_job)
 
-    def _search(self, kind: str, nodeid: str) -> tuple[str, str, tuple[str, ...], dict[str, Any]]:
-        """Try the prefixes most likely to hold the cause, stop at the first that reproduces."""
+    def _search_job(self, job: tuple[str, ...], _: int) -> list[tuple[str, ...]]:
+        kind, nodeid = job[0], job[-1]
+        if not self._claim(nodeid):
+            return []
+        try:
+            if kind == "trial":
+                return self._trial(job[1], tuple(job[2:-1]), nodeid)
+            return self._search(kind, nodeid)
+        finally:
+            with self._lock:
+                self._busy.discard(nodeid)
+
+    def _claim(self, nodeid: str) -> bool:
+        """Take `nodeid` to explain; False when it is explained already or being explained."""
+        with self._lock:
+            ev = self._ev(nodeid)
+            if nodeid in self._busy or ev.polluters or ev.state_setters or ev.concurrent:
+                return False
+            self._busy.add(nodeid)
+            return True
+
+    def _oracle(self, nodeid: str, want_failed: bool, seed: int | None) -> search.Oracle:
+        def oracle(tests: Sequence[str]) -> bool:
+            if not self._budget_left():
+                raise _BudgetSpent
+            failed, _ = self._replay(list(tests), nodeid, seed, "replay")
+            return failed is want_failed
+
+        return oracle
+
+    def _search(self, kind: str, nodeid: str) -> list[tuple[str, ...]]:
+        """Try the prefixes most likely to hold the cause, stop at the first that reproduces
+        and verifies; then try the cause on other tests (returned as trial jobs)."""
         want_failed = kind == "polluter"
         tried: list[list[str]] = []
-        replays, candidates = 0, 0
+        replays, candidates, capped = 0, 0, False
+        with self._lock:
+            hints = [c for k, c in self.causes if k == kind]
         for seed, prefix in self._prefixes(nodeid, want_failed):
             if prefix in tried or not prefix:
                 continue
             tried.append(prefix)
-
-            def oracle(tests: Sequence[str], seed: int | None = seed) -> bool:
-                if not self._budget_left():
-                    raise _BudgetSpent
-                failed, _ = self._replay(list(tests), nodeid, seed, "replay")
-                return failed is want_failed
-
             try:
-                result = search.search(nodeid, prefix, oracle)
+                result = search.search(
+                    nodeid, prefix, self._oracle(nodeid, want_failed, seed), hints=hints
+                )
             except _BudgetSpent:
                 self.notes.append(f"budget spent during the {kind} search for {nodeid}")
                 break
+            hints = []
             replays += result.replays
-            candidates = result.candidates
+            candidates = max(candidates, result.candidates)
+            capped |= result.capped
             if result.reproduced:
-                return kind, nodeid, result.culprits, _search_record(nodeid, candidates, replays)
-        return kind, nodeid, (), _search_record(nodeid, candidates, replays)
+                verified, spent = self._verify(kind, result.culprits, nodeid, seed)
+                self._record(SearchRecord(nodeid, kind, candidates, replays, spent,
+                                          list(result.culprits), verified, capped))  # fmt: skip
+                if verified:
+                    return self._trials(kind, result.culprits, nodeid)
+                with self._lock:
+                    self._ev(nodeid).unconfirmed = list(result.culprits)
+                break
+        else:
+            self._record(SearchRecord(nodeid, kind, candidates, replays, 0, [], False, capped))
+        if capped:
+            self.notes.append(
+                f"{nodeid}: the {kind} search stopped at its cap of {search.DDMIN_CAP} ddmin "
+                "replays"
+            )
+        if want_failed:
+            self._parallel_check(nodeid)
+        return []
+
+    def _verify(
+        self, kind: str, culprits: Sequence[str], nodeid: str, seed: int | None
+    ) -> tuple[bool, int]:
+        """(culprits reproduce K times with no other process alive, and the test alone does
+        the opposite K times?, replays spent). Alone runs already done count towards K."""
+        want_failed = kind == "polluter"
+        spent = 0
+        for _ in range(VERIFY_TIMES):
+            if not self._budget_left():
+                return False, spent
+            spent += 1
+            failed, _ = self._replay(list(culprits), nodeid, seed, "verify", exclusive=True)
+            if failed is not want_failed:
+                return False, spent
+        ev = self._ev(nodeid)
+
+        def alone_agrees() -> bool:  # a polluter's victim never fails alone, a brittle test always
+            return not ev.ever_failed_alone if want_failed else ev.always_failed_alone
+
+        while ev.isolation_runs < VERIFY_TIMES and alone_agrees():
+            if not self._budget_left():
+                return False, spent
+            spent += 1
+            failed, signals = self._replay([], nodeid, seed, "alone", exclusive=True)
+            if failed is None:
+                return False, spent
+            with self._lock:
+                ev.isolation_runs += 1
+                ev.isolation_failures += failed
+                ev.signals |= signals
+        if not alone_agrees():
+            return False, spent
+        with self._lock:
+            if want_failed:
+                ev.polluters = list(culprits)
+            else:
+                ev.state_setters = list(culprits)
+            self.causes.append((kind, tuple(culprits)))
+        return True, spent
+
+    def _trials(self, kind: str, culprits: Sequence[str], victim: str) -> list[tuple[str, ...]]:
+        """Trial jobs for a verified cause: the victim's module siblings and every failing test
+        it could explain (a polluter: tests never failed alone; a state-setter: always)."""
+        module = order.module_of(victim)
+        with self._lock:
+            failing = [
+                n for n, ev in self.evidence.items()
+                if ev.failures and ev.isolation_runs and ev.collect_error is None
+                and (ev.always_failed_alone if kind == "state-setter" else not ev.ever_failed_alone)
+            ]  # fmt: skip
+        siblings = [n for n in self.collected if order.module_of(n) == module]
+        targets = dict.fromkeys([*siblings, *failing] if kind == "polluter" else failing)
+        return [
+            ("trial", kind, *culprits, n)
+            for n in targets
+            if n != victim and n not in culprits and not self._explained(n)
+        ]
+
+    def _explained(self, nodeid: str) -> bool:
+        with self._lock:
+            ev = self.evidence.get(nodeid)
+            return ev is not None and bool(ev.polluters or ev.state_setters or ev.concurrent)
+
+    def _trial(self, kind: str, culprits: tuple[str, ...], nodeid: str) -> list[tuple[str, ...]]:
+        """One replay of a known cause before another test; verified like any search."""
+        ev = self._ev(nodeid)
+        if kind == "polluter" and ev.ever_failed_alone:
+            return []
+        seed = self.seeds[0] if self.seeds else None
+        try:
+            reproduced = self._oracle(nodeid, kind == "polluter", seed)(culprits)
+        except _BudgetSpent:
+            return []
+        verified, spent = self._verify(kind, culprits, nodeid, seed) if reproduced else (False, 0)
+        if reproduced:
+            self._record(SearchRecord(nodeid, "trial", len(culprits), 1, spent, list(culprits),
+                                      verified, False))  # fmt: skip
+        return self._trials(kind, culprits, nodeid) if verified else []
+
+    def _parallel_check(self, nodeid: str) -> None:
+        """parallel-unsafe: it failed only beside other workers, and its worker's sequence
+        replayed in one process with no other process alive passes K times."""
+        fails = [a for a in self.run_attempts.values() if a.nodeid == nodeid and a.failed]
+        beside = [(a, cl.concurrent_with(self.run_attempts, a)) for a in fails]
+        if self.options.workers < 2 or not fails or not all(others for _, others in beside):
+            return
+        ev = self._ev(nodeid)
+        if ev.ever_failed_alone:
+            return
+        first = fails[0]
+        sequence = cl.process_sequence(self.run_attempts, first)
+        for _ in range(VERIFY_TIMES):
+            if not self._budget_left():
+                return
+            failed, _ = self._replay(sequence, nodeid, first.seed, "sequence", exclusive=True)
+            if failed is not False:
+                return
+        common = set.intersection(*(set(others) for _, others in beside))
+        with self._lock:
+            ev.concurrent = sorted(common) or sorted({n for _, o in beside for n in o})
+
+    def _record(self, record: SearchRecord) -> None:
+        with self._lock:
+            self.searches.append(record)
 
     def _prefixes(self, nodeid: str, want_failed: bool) -> Iterable[tuple[int | None, list[str]]]:
         """(seed, candidates) to search, best first: the test's own process in runs where it
-        did what we explain, then everything that ran before it in that run, then (for a
-        state-setter never seen passing) every test that passed somewhere."""
+        did what we explain, then everything that ran before it in that run, then every
+        other test with modules (and classes) kept together and the test's module last, so
+        module- and class-scoped fixtures live as in the project's own order."""
         mine = [
             a for a in self.run_attempts.values() if a.nodeid == nodeid and a.failed is want_failed
         ]
@@ -485,19 +486,22 @@ class Sweep:
             yield attempt.seed, cl.process_sequence(self.run_attempts, attempt)
         for attempt in mine[:1]:
             yield attempt.seed, cl.run_sequence(self.run_attempts, attempt)
-        if not want_failed and not mine:
-            passed = sorted(
-                (a for a in self.run_attempts.values() if not a.failed and a.nodeid != nodeid),
-                key=lambda a: (self.run_ids.index(a.run_id), a.start),
-            )
-            yield (
-                (self.seeds[0] if self.seeds else None),
-                list(dict.fromkeys(a.nodeid for a in passed)),
-            )
+        others = [n for n in self.collected if n != nodeid]
+        yield (
+            (self.seeds[0] if self.seeds else None),
+            search.grouped(others, order.module_of(nodeid)),
+        )
 
     # -- replays --------------------------------------------------------------
     def _replay(
-        self, before: list[str], target: str, seed: int | None, kind: str
+        self,
+        before: list[str],
+        target: str,
+        seed: int | None,
+        kind: str,
+        *,
+        extra: Sequence[str] = (),
+        exclusive: bool = False,
     ) -> tuple[bool | None, frozenset[str]]:
         """Run `before` then `target` in one fresh process. (target failed?, its signals);
         failed is None when the target did not run at all (not collected, usage error)."""
@@ -509,11 +513,12 @@ class Sweep:
         order.write_replay(replay_file, sequence)
         cmd = self.runner.pytest_command(
             self.runner.replay_targets(sequence), self.raw / label, label, seed=seed,
-            workers=0, replay_file=replay_file,
+            workers=0, replay_file=replay_file, extra=extra,
         )  # fmt: skip
-        result = self.runner.run(label, cmd)
-        with self._label_lock:
-            self._take(result)
+        if self.bar.total is not None:
+            self.bar.total += len(sequence)
+        result = self.runner.run(label, cmd, exclusive=exclusive)
+        self._take(result)
         attempt = cl.attempts(result.rows).get((label, target))
         if attempt is not None:
             return attempt.failed, attempt.signals
@@ -522,38 +527,38 @@ class Sweep:
         # The process died before the target reported anything: it crashed in it.
         return True, frozenset({"crash"})
 
-    def _pool(
-        self, desc: str, jobs: Sequence[Any], work: Callable[[Any, int], Any]
-    ) -> Iterable[Any]:
-        """Run jobs on up to `workers` threads (each drives one subprocess), yielding results
-        as they finish; stops starting jobs when the budget is spent."""
-        if not jobs:
-            return
+    def _width(self) -> int:
         # Reruns are single-process: without xdist still use a few cores for them.
-        width = self.options.workers or min(4, os.cpu_count() or 1)
-        skipped = 0
-        with (
-            self._bar(len(jobs), desc) as bar,
-            concurrent.futures.ThreadPoolExecutor(width) as pool,
-        ):
-            pending: set[concurrent.futures.Future[Any]] = set()
-            queue = list(enumerate(jobs))
+        return self.options.workers or min(4, os.cpu_count() or 1)
+
+    def _pool(
+        self,
+        desc: str,
+        jobs: Sequence[Any],
+        work: Callable[[Any, int], list[Any]],
+    ) -> None:
+        """Run jobs on up to `workers` threads (each drives one subprocess); a job returns
+        more jobs to queue. Stops starting jobs when the budget is spent."""
+        width = self._width()
+        queue = list(jobs)
+        started, skipped = 0, 0
+        with concurrent.futures.ThreadPoolExecutor(width) as pool:
+            pending: set[concurrent.futures.Future[list[Any]]] = set()
             try:
                 while queue or pending:
                     while queue and len(pending) < width:
                         if not self._budget_left():
                             skipped, queue = len(queue), []
                             break
-                        i, job = queue.pop(0)
-                        pending.add(pool.submit(work, job, i))
+                        pending.add(pool.submit(work, queue.pop(0), started))
+                        started += 1
                     if not pending:
                         break
                     done, pending = concurrent.futures.wait(
                         pending, timeout=0.2, return_when=concurrent.futures.FIRST_COMPLETED
                     )
                     for future in done:
-                        bar.update()
-                        yield future.result()
+                        queue += future.result()
             except BaseException:
                 self.runner.kill_all()
                 for future in pending:
@@ -562,64 +567,58 @@ class Sweep:
         self._skip_for_budget(desc, skipped)
 
     # -- phase 4: verdicts and reports ----------------------------------------
-    def _finish(self, interrupted: bool) -> SweepResult:
-        o = self.options
-        out = o.out
-        replays_dir = out / "replays"
+    def verdicts(self) -> list[TestVerdict]:
+        replays_dir = self.options.out / "replays"
         tests = []
+        runs = len(self.run_ids)
         for nodeid in sorted(self.evidence):
             ev = self.evidence[nodeid]
-            verdict = cl.classify(
-                failures=ev.failures, isolation_runs=ev.isolation_runs,
-                isolation_failures=ev.isolation_failures, polluters=ev.polluters,
-                state_setters=ev.state_setters,
-            )  # fmt: skip
+            verdict = cl.classify(ev)
             replay = ""
-            if verdict != "pass":
+            if verdict not in ("pass", "error"):
                 sequence = [*ev.polluters, nodeid] if verdict == "order-dependent" else [nodeid]
                 replay_file = replays_dir / f"{_slug(nodeid)}.txt"
                 order.write_replay(replay_file, sequence)
                 replay = self.runner.replay_command(replay_file.resolve(), sequence)
             low, high = stats.wilson_interval(ev.failures, ev.runs)
-            tests.append({
-                "nodeid": nodeid,
-                "classification": verdict,
-                "runs": ev.runs,
-                "failures": ev.failures,
-                "flake_rate": round(stats.flake_rate(ev.failures, ev.runs), 6),
-                "flake_rate_ci": [round(low, 6), round(high, 6)],
-                "isolation_runs": ev.isolation_runs,
-                "isolation_failures": ev.isolation_failures,
-                "polluters": ev.polluters,
-                "state_setters": ev.state_setters,
-                "signals": sorted(ev.signals),
-                "replay": replay,
-            })  # fmt: skip
-        counts = {c: sum(t["classification"] == c for t in tests) for c in cl.CLASSES}
-        summary: dict[str, Any] = {
-            "runs": len(self.run_ids),
-            "workers": o.workers,
-            "seeds": self.seeds,
-            "backend": requested_backend(),
-            "duration_s": round(time.monotonic() - self.started, 3),
-            "tests": tests,
-            "counts": counts,
-            "searches": self.searches,
-            "notes": self.notes,
-        }
+            rate = stats.flake_rate(ev.failures, ev.runs)
+            chance = None if verdict == "pass" else round(1 - (1 - rate) ** runs, 6)
+            tests.append(TestVerdict(
+                nodeid=nodeid, classification=verdict, why=why(verdict, ev),
+                runs=ev.runs, failures=ev.failures, flake_rate=round(rate, 6),
+                flake_rate_ci=(round(low, 6), round(high, 6)), detection_chance=chance,
+                isolation_runs=ev.isolation_runs, isolation_failures=ev.isolation_failures,
+                polluters=ev.polluters, state_setters=ev.state_setters,
+                unconfirmed=ev.unconfirmed, concurrent=ev.concurrent,
+                signals=sorted(ev.signals), message=ev.message if verdict != "pass" else "",
+                replay=replay,
+            ))  # fmt: skip
+        return tests
+
+    def _finish(self, interrupted: bool) -> SweepResult:
+        o = self.options
+        out = o.out
+        tests = self.verdicts()
+        summary = Summary(
+            runs=len(self.run_ids), workers=o.workers, seeds=self.seeds,
+            shuffles=self.shuffles, backend=requested_backend(),
+            duration_s=round(time.monotonic() - self.started, 3), tests=tests,
+            counts={c: sum(t.classification == c for t in tests) for c in cl.CLASSES},
+            searches=self.searches, notes=self.notes, ddmin_cap=search.DDMIN_CAP,
+            verify_times=VERIFY_TIMES,
+        )  # fmt: skip
         stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         verdicts = [
-            history.Verdict(t["nodeid"], t["classification"], t["runs"], t["failures"],
-                            t["flake_rate"])
+            history.Verdict(t.nodeid, t.classification, t.runs, t.failures, t.flake_rate)
             for t in tests
-        ]  # fmt: skip
+        ]
         past = self._append_history(out.parent / history.HISTORY_FILE, out.name, stamp, verdicts)
         try:
             history.point_latest(out)
         except OSError as exc:
             self.notes.append(f"{out.parent / history.LATEST} not updated: {describe_error(exc)}")
-        report.write_reports(out, summary, self.rows, self._grid(), self.run_ids, past)
-        return _outcome(summary, o.baseline, interrupted, out)
+        report.write_reports(out, summary.to_dict(), self.rows, self._grid(), self.run_ids, past)
+        return _outcome(summary, o.baseline, interrupted, out, bool(self.collected))
 
     def _append_history(
         self, path: Path, sweep_id: str, stamp: str, verdicts: list[history.Verdict]
@@ -648,10 +647,71 @@ class Sweep:
         return grid
 
 
+def why(verdict: str, ev: Evidence) -> str:
+    """The evidence behind a verdict, in words that agree with its numbers."""
+    k = VERIFY_TIMES
+    ran = f"failed {ev.failures} of {ev.runs} suite runs"
+    alone = f"{ev.isolation_failures} of {ev.isolation_runs} alone"
+    if verdict == "error":
+        return "could not be collected"
+    if verdict == "pass":
+        return f"passed {ev.runs} of {ev.runs} suite runs"
+    if verdict == "unverified":
+        return f"{ran}; not rerun alone: the budget ran out"
+    if verdict == "brittle":
+        return (f"fails alone ({alone}); passes after {' + '.join(ev.state_setters)} "
+                f"({k} of {k}); {ran}")  # fmt: skip
+    if verdict == "order-dependent":
+        return (f"fails after {' + '.join(ev.polluters)} ({k} of {k}); failed {alone}; "
+                f"{ran}")  # fmt: skip
+    if verdict == "parallel-unsafe":
+        return (f"{ran}, each beside other workers; failed {alone} and 0 of {k} in its "
+                f"worker's sequence replayed; ran at the same time as {len(ev.concurrent)} "
+                f"test(s): {', '.join(ev.concurrent[:5])}")  # fmt: skip
+    text = f"{ran}; failed {alone}"
+    if verdict == "flaky" and ev.unconfirmed:
+        text += f"; cause unconfirmed: {' + '.join(ev.unconfirmed)} did not reproduce {k} times"
+    return text
+
+
+def cause_of(test: TestVerdict) -> str:
+    """The cause column of the console summary."""
+    if test.polluters:
+        return "after " + " + ".join(test.polluters)
+    if test.state_setters:
+        return "passes after " + " + ".join(test.state_setters)
+    if test.concurrent:
+        return "beside " + ", ".join(test.concurrent[:3]) + (" ..." if len(test.concurrent) > 3
+                                                              else "")  # fmt: skip
+    if test.classification == "error":
+        return test.message.strip().splitlines()[-1] if test.message.strip() else ""
+    return test.why
+
+
+def console_lines(result: SweepResult) -> list[str]:
+    """The end of the console output: the worst tests (class, test, cause), then the verdict."""
+    bad = report.worst_first([t.__dict__ for t in result.summary.tests])
+    shown = [t for t in bad if t["classification"] != "pass"][:WORST_SHOWN]
+    by_id = {t.nodeid: t for t in result.summary.tests}
+    lines = [f"  {t['classification']:<16} {t['nodeid']}  {cause_of(by_id[t['nodeid']])}"
+             for t in shown]  # fmt: skip
+    more = sum(t.classification != "pass" for t in result.summary.tests) - len(shown)
+    if more > 0:
+        lines.append(f"  ... and {more} more in the report")
+    return [*lines, result.reason]
+
+
 def requested_backend() -> str:
     """CAPSAFE_BACKEND as the test processes inherit it (a suite's conftest may still pick
     another, as the planted capture suite does)."""
     return os.environ.get("CAPSAFE_BACKEND", "auto").strip().lower() or "auto"
+
+
+def _progress_bar(enabled: bool) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=0, desc="capsafe sweep", unit="test", file=sys.stderr,
+                disable=not enabled, leave=False, dynamic_ncols=True)  # fmt: skip
 
 
 def _cell(attempt: cl.Attempt) -> str:
@@ -662,10 +722,6 @@ def _cell(attempt: cl.Attempt) -> str:
     if "timeout" in attempt.signals:
         return "timeout"
     return "fail"
-
-
-def _search_record(victim: str, candidates: int, replays: int) -> dict[str, Any]:
-    return {"victim": victim, "candidates": candidates, "replays": replays}
 
 
 def _slug(nodeid: str) -> str:
@@ -682,24 +738,24 @@ def _last_line(log: Path) -> str:
 
 
 def _outcome(
-    summary: dict[str, Any], baseline: frozenset[str], interrupted: bool, out: Path
+    summary: Summary, baseline: frozenset[str], interrupted: bool, out: Path, collected: bool
 ) -> SweepResult:
-    found = [
-        t for t in summary["tests"]
-        if t["classification"] != "pass" and t["nodeid"] not in baseline
-    ]  # fmt: skip
-    quarantined = sum(
-        t["classification"] != "pass" and t["nodeid"] in baseline for t in summary["tests"]
-    )
+    bad = [t for t in summary.tests if t.classification != "pass"]
+    found = [t for t in bad if t.nodeid not in baseline]
+    quarantined = len(bad) - len(found)
     where = f"report: {out / 'report.html'}"
     if interrupted:
         return SweepResult(summary, EXIT_INTERRUPTED, f"interrupted; partial {where}")
+    if not collected:
+        return SweepResult(summary, EXIT_USAGE,
+                           f"no test could be collected ({len(bad)} collection error(s)); "
+                           f"{where}")  # fmt: skip
     if found:
-        by_class = Counter(t["classification"] for t in found)
+        by_class = Counter(t.classification for t in found)
         kinds = ", ".join(f"{by_class[c]} {c}" for c in cl.CLASSES if by_class[c])
         return SweepResult(summary, EXIT_FOUND, f"{len(found)} not passing ({kinds}); {where}")
     extra = f" ({quarantined} quarantined by the baseline)" if quarantined else ""
-    return SweepResult(summary, EXIT_OK, f"all {len(summary['tests'])} tests pass{extra}; {where}")
+    return SweepResult(summary, EXIT_OK, f"all {len(summary.tests)} tests pass{extra}; {where}")
 
 
 def read_baseline(path: str | os.PathLike[str]) -> frozenset[str]:
@@ -713,10 +769,27 @@ def describe_error(exc: BaseException) -> str:
     return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
 
 
-def prepare_out(out: Path) -> None:
-    """Create the report directory and prove it writable now, not after an hour of runs;
-    SweepError with the reason otherwise."""
+def holds_sweep(out: Path) -> bool:
+    return out.is_dir() and any((out / name).exists() for name in SWEEP_FILES)
+
+
+def prepare_out(out: Path, *, resume: bool = False, force: bool = False) -> None:
+    """Create the report directory and prove it writable now, not after an hour of runs.
+    An --out that holds a sweep is refused unless resuming it or starting over (--force,
+    which removes only what a sweep writes). SweepError with the reason otherwise."""
+    if holds_sweep(out) and not (resume or force):
+        raise SweepError(f"--out {out} holds a sweep already: --resume to continue it, "
+                         "--force to start over, or another --out")  # fmt: skip
+    if resume and not (out / STATE_FILE).is_file():
+        raise SweepError(f"--resume: --out {out} holds no sweep to continue")
     try:
+        if force and not resume:
+            for name in SWEEP_FILES:
+                target = out / name
+                if target.is_dir() and not target.is_symlink():
+                    shutil.rmtree(target)
+                elif target.exists() or target.is_symlink():
+                    target.unlink()
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=out):
             pass
@@ -724,7 +797,13 @@ def prepare_out(out: Path) -> None:
         raise SweepError(f"cannot write reports into --out {out}: {describe_error(exc)}") from None
 
 
+def resumed_options(out: Path) -> dict[str, Any]:
+    """The options the sweep in `out` ran with (for --resume to check against)."""
+    state = json.loads((out / STATE_FILE).read_text(encoding="utf-8"))
+    return dict(state["options"])
+
+
 def run_sweep(options: SweepOptions) -> SweepResult:
     """Run one whole sweep and write its reports into options.out."""
-    prepare_out(options.out)
+    prepare_out(options.out, resume=options.resume, force=options.force)
     return Sweep(options).execute()

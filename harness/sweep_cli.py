@@ -16,27 +16,28 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from . import sweep
+from . import classify, sweep
 
 EPILOG = """\
 exit codes:
   0    every test is pass, or listed in the --baseline quarantine file
-  1    some test is fail, flaky, order-dependent or brittle (and not quarantined)
-  2    usage error: bad option, missing path or plugin, unwritable --out, a suite
-       that cannot run
+  1    some test is not pass (and not quarantined); a collection error counts
+  2    usage error: bad option, missing path or plugin, unwritable --out or one
+       holding a sweep, a suite that cannot run or of which nothing was collected
   130  interrupted (Ctrl-C); the report of what ran is still written
 
-classifications:
-  pass             never failed
-  fail             failed alone, in fresh processes, every time
-  flaky            failed alone only sometimes, or in the suite with no cause found
-  order-dependent  failed in the suite, never alone; its polluter is named
-  brittle          failed alone every time, passed in the suite after a named state-setter
+classifications (the first whose evidence holds; causes verified {k} times each way):
+{classes}
 
 example (nightly):
-  capsafe sweep tests --runs 10 --workers 8 --out reports/$(date +%F) \\
+  capsafe sweep tests --runs 10 --workers 8 --out reports/$(date +%F-%H%M) \\
       --baseline quarantine.txt --budget 3600 -- -m "not slow"
 """
+
+
+def _epilog() -> str:
+    classes = "\n".join(f"  {rule.name:<16} {rule.evidence}" for rule in classify.RULES)
+    return EPILOG.format(k=sweep.VERIFY_TIMES, classes=classes)
 
 
 class _SweepParser(argparse.ArgumentParser):
@@ -64,7 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "summary.json, report.md and report.html into --out (history.csv and `latest` "
             "beside it)."
         ),
-        epilog=EPILOG,
+        epilog=_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.__class__ = _SweepParser  # add_parser takes no parser class of its own
@@ -125,7 +126,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--baseline", type=Path, default=None, metavar="FILE",
                         help="quarantine file: node ids (one per line, # comments) that do "
                         "not fail the sweep")  # fmt: skip
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    again = parser.add_mutually_exclusive_group()
+    again.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the sweep in --out (its seed; the same options)",
+    )
+    again.add_argument(
+        "--force",
+        action="store_true",
+        help="start over in an --out that holds a sweep (its files are removed)",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.set_defaults(func=main, pytest_args=[])
 
 
@@ -147,7 +159,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"capsafe sweep: interrupted; the report in {options.out} may be incomplete",
               file=sys.stderr)  # fmt: skip
         return sweep.EXIT_INTERRUPTED
-    print(f"capsafe sweep: {result.reason}", file=sys.stderr)
+    for line in sweep.console_lines(result):
+        print(f"capsafe sweep: {line}" if line == result.reason else line, file=sys.stderr)
     return result.exit_code
 
 
@@ -192,10 +205,12 @@ def options_from(args: argparse.Namespace) -> sweep.SweepOptions:
     if out.exists() and not out.is_dir():
         raise sweep.SweepError(f"--out {out} exists and is not a directory")
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
+    if args.resume and args.seed is None and (out / sweep.STATE_FILE).is_file():
+        seed = int(sweep.resumed_options(out)["seed"])
     if seed < 0:
         raise sweep.SweepError(f"--seed must be a non-negative integer, got {seed}")
-    sweep.prepare_out(out)
-    return sweep.SweepOptions(
+    sweep.prepare_out(out, resume=args.resume, force=args.force)
+    options = sweep.SweepOptions(
         paths=tuple(paths),
         out=out.resolve(),
         seed=seed,
@@ -209,7 +224,20 @@ def options_from(args: argparse.Namespace) -> sweep.SweepOptions:
         baseline=baseline,
         pytest_args=tuple(args.pytest_args),
         progress=not args.no_progress,
+        invoked_from=Path.cwd(),
+        resume=args.resume,
+        force=args.force,
     )
+    if args.resume:
+        before = sweep.resumed_options(out)
+        differ = [k for k, v in options.identity().items() if before.get(k) != v]
+        if differ:
+            name = differ[0]
+            raise sweep.SweepError(
+                f"--resume: {name} is {options.identity()[name]!r} here but "
+                f"{before.get(name)!r} in the sweep in {out}; give the same options"
+            )
+    return options
 
 
 def _default_out() -> Path:

@@ -1,0 +1,60 @@
+"""What pytest collects, as the sweep's first step: the node ids and the collection errors.
+
+Loaded into one `pytest --collect-only` process with `-p capsafe_harness.collection`;
+it writes the collected ids (exactly as `pytest --collect-only -q` prints them,
+since it runs from the same directory with the same arguments) and every file that
+could not be collected, with pytest's message, as JSON to the path in
+COLLECT_OUT_ENV. An environment variable and not an option: an option's value
+that is an existing path would sway pytest's choice of rootdir, and so the ids.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+COLLECT_OUT_ENV = "CAPSAFE_COLLECT_OUT"
+PLUGIN = "capsafe_harness.collection"
+
+
+@dataclass(frozen=True)
+class Collected:
+    """The suite as pytest sees it: test ids in collection order, errors by node id, and
+    the rootdir the ids are relative to."""
+
+    nodeids: tuple[str, ...]
+    errors: dict[str, str]
+    rootdir: str
+
+
+_errors: dict[str, str] = {}
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    if report.failed:
+        _errors[report.nodeid or "."] = report.longreprtext
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    path = os.environ.get(COLLECT_OUT_ENV)
+    if not path:
+        return
+    found = {
+        "nodeids": [item.nodeid for item in session.items],
+        "errors": _errors,
+        "rootdir": str(session.config.rootpath),
+    }
+    Path(path).write_text(json.dumps(found), encoding="utf-8")
+
+
+def read_collected(path: Path) -> Collected | None:
+    """What the collection process wrote; None when it never got that far."""
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return Collected(tuple(found["nodeids"]), dict(found["errors"]), str(found["rootdir"]))

@@ -1,0 +1,333 @@
+"""The sweep's test processes: pytest command lines, and each process under a watchdog.
+
+Every subprocess runs in its own session under a stall watchdog: one that writes
+nothing for `stall_limit` seconds is killed and the test it was in is recorded as
+timed out, so a hang never stops the sweep. `kill_all` (Ctrl-C, an exception in a
+worker thread) kills every live process at once.
+
+pytest runs where `capsafe sweep` was invoked when the paths lie under it (as
+`pytest PATH` does), so suites that open files relative to the repository root
+work. Every capsafe option takes its value with `=`: pytest counts an argument
+that names an existing path when it picks the rootdir, so `--capsafe-records DIR`
+would make node ids depend on where --out is.
+
+A process started `exclusive` runs with no other test process alive (a readers-writer
+gate): the sweep uses it to confirm that a failure "alone" was not a collision with a
+concurrent test in the same working directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import classify as cl
+from .collection import COLLECT_OUT_ENV, PLUGIN, Collected, read_collected
+from .options import SweepError, SweepOptions
+from .records import Record, load_records
+
+SWEEP_TMP_ENV = "CAPSAFE_SWEEP_TMP"
+"""Set for every test process: a fresh empty directory of its own, removed afterwards."""
+SWEEP_SHARED_ENV = "CAPSAFE_SWEEP_SHARED"
+"""Set for every test process: one directory shared by all processes of this sweep.
+
+For suites that keep state across processes on purpose (the planted flaky suite
+counts its invocations there, so its nondeterminism is the same in every sweep).
+"""
+PYTEST_NO_RUN = (2, 3, 4, 5)  # interrupted, internal error, usage error, no tests collected
+TEARDOWN_MARK = b'"phase":"teardown"'  # one per finished test in a records file
+
+
+@dataclass
+class ProcessResult:
+    """One pytest subprocess: its exit code, rows, and whether the watchdog killed it."""
+
+    label: str
+    returncode: int
+    rows: list[Record]
+    stalled: bool
+    log: Path
+    malformed: int = 0  # record lines that could not be read (skipped, counted in the notes)
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C while a test process ran: carries what that process finished before it died."""
+
+    def __init__(self, result: ProcessResult) -> None:
+        super().__init__()
+        self.result = result
+
+
+def suite_root(paths: Sequence[Path]) -> Path:
+    """The common parent of the paths: where pytest runs when they lie outside the
+    invocation directory."""
+    if not paths:
+        return Path.cwd()
+    common = Path(os.path.commonpath([str(p) for p in paths]))
+    return common if common.is_dir() else common.parent
+
+
+def run_directory(paths: Sequence[Path], invoked_from: Path) -> Path:
+    """Where pytest runs: the invocation directory when every path lies under it."""
+    if all(p == invoked_from or invoked_from in p.parents for p in paths):
+        return invoked_from
+    return suite_root(paths)
+
+
+class _Gate:
+    """Many shared holders or one exclusive holder; a waiting exclusive one goes first."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+        self._waiting = 0
+
+    @contextlib.contextmanager
+    def hold(self, exclusive: bool) -> Iterator[None]:
+        with self._cond:
+            if exclusive:
+                self._waiting += 1
+                while self._exclusive or self._shared:
+                    self._cond.wait(0.1)
+                self._waiting -= 1
+                self._exclusive = True
+            else:
+                while self._exclusive or self._waiting:
+                    self._cond.wait(0.1)
+                self._shared += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                if exclusive:
+                    self._exclusive = False
+                else:
+                    self._shared -= 1
+                self._cond.notify_all()
+
+
+class Runner:
+    """Starts pytest subprocesses for one sweep and can kill all of them at once."""
+
+    def __init__(
+        self, options: SweepOptions, raw: Path, on_tests: Callable[[int], None] = lambda n: None
+    ) -> None:
+        self.options = options
+        self.raw = raw
+        self.shared = raw / "shared"
+        self.shared.mkdir(parents=True, exist_ok=True)
+        self.cwd = run_directory(options.paths, options.invoked_from or Path.cwd())
+        self.rootdir = self.cwd  # where node ids are relative to: set by `collect`
+        self.stopping = threading.Event()
+        self.on_tests = on_tests  # called with how many more tests finished, as they do
+        self._live: set[subprocess.Popen[bytes]] = set()
+        self._lock = threading.Lock()
+        self._gate = _Gate()
+
+    # -- commands -------------------------------------------------------------
+    def targets(self) -> list[str]:
+        return [os.path.relpath(p, self.cwd) for p in self.options.paths]
+
+    def replay_targets(self, nodeids: Iterable[str]) -> list[str]:
+        """The files holding `nodeids`, so a replay collects only those (else every path)."""
+        files: list[str] = []
+        for nodeid in nodeids:
+            found = self.rootdir / nodeid.split("::", 1)[0]
+            if not found.exists():
+                return self.targets()
+            rel = os.path.relpath(found, self.cwd)
+            if rel not in files:
+                files.append(rel)
+        return files
+
+    def pytest_command(
+        self,
+        targets: Sequence[str],
+        records: Path | None,
+        run_id: str | None,
+        *,
+        seed: int | None,
+        workers: int,
+        replay_file: Path | None = None,
+        shuffle: str = "global",
+        extra: Sequence[str] = (),
+    ) -> list[str]:
+        o = self.options
+        cmd = [sys.executable, "-m", "pytest", *targets, "-p", "capsafe"]
+        if records is not None:
+            cmd += [f"--capsafe-records={records}", f"--capsafe-run-id={run_id}"]
+        if replay_file is not None:
+            cmd.append(f"--capsafe-replay={replay_file}")
+        elif seed is not None:
+            cmd.append(f"--capsafe-shuffle={shuffle}")
+        if seed is not None:
+            cmd.append(f"--capsafe-seed={seed}")
+        cmd += [f"-n={workers}"] if workers else ["-p", "no:xdist"]
+        cmd += [f"--timeout={o.timeout:g}", "--timeout-method=signal"]
+        cmd.append("--continue-on-collection-errors")
+        if o.neighbors:
+            cmd.append(f"--capsafe-neighbors={o.neighbors}")
+        if o.threads > 1:
+            cmd.append(f"--parallel-threads={o.threads}")
+        return [*cmd, *extra, "-q", "-p", "no:cacheprovider", *o.pytest_args]
+
+    def replay_command(self, replay_file: Path, nodeids: Sequence[str]) -> str:
+        """A shell line a person can paste to see the failure again."""
+        cmd = self.pytest_command(
+            self.replay_targets(nodeids), None, None, seed=None, workers=0,
+            replay_file=replay_file,
+        )  # fmt: skip
+        return f"cd {shlex.quote(str(self.cwd))} && {shlex.join(cmd)}"
+
+    # -- collection -----------------------------------------------------------
+    def collect(self) -> Collected:
+        """The node ids `pytest --collect-only -q` prints here, and the collection errors;
+        SweepError when pytest could not even get to collecting."""
+        found = self.raw / "collected.json"
+        log = self.raw / "collect.log"
+        cmd = [sys.executable, "-m", "pytest", *self.targets(), "--collect-only", "-q",
+               "-p", PLUGIN, "-p", "no:cacheprovider", *self.options.pytest_args]  # fmt: skip
+        env = {**os.environ, COLLECT_OUT_ENV: str(found)}
+        with open(log, "wb") as out:
+            done = subprocess.run(
+                cmd, cwd=self.cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, timeout=max(600.0, self.options.stall_limit),
+            )  # fmt: skip
+        collected = read_collected(found)
+        if collected is None:
+            detail = _last_line(log) or f"see {log}"
+            raise SweepError(f"pytest could not collect the suite (exit {done.returncode}): "
+                             f"{detail}")  # fmt: skip
+        self.rootdir = Path(collected.rootdir)
+        return collected
+
+    # -- processes ------------------------------------------------------------
+    def run(self, label: str, cmd: list[str], *, exclusive: bool = False) -> ProcessResult:
+        """Run one pytest process to completion (or stall, or stop) and read its rows."""
+        records = self.raw / label
+        records.mkdir(parents=True, exist_ok=True)
+        log = self.raw / f"{label}.log"
+        scratch = tempfile.mkdtemp(prefix=f"capsafe-{label}-")
+        env = {**os.environ, SWEEP_TMP_ENV: scratch, SWEEP_SHARED_ENV: str(self.shared)}
+        stalled = interrupted = False
+        try:
+            with self._gate.hold(exclusive), open(log, "wb") as out:
+                if self.stopping.is_set():
+                    raise KeyboardInterrupt
+                proc = subprocess.Popen(
+                    cmd, cwd=self.cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, start_new_session=True,
+                )  # fmt: skip
+                with self._lock:
+                    self._live.add(proc)
+                try:
+                    stalled = self._watch(proc, records, log)
+                except KeyboardInterrupt:
+                    _kill(proc)
+                    interrupted = True
+                except BaseException:  # never leave a test process behind
+                    _kill(proc)
+                    raise
+                finally:
+                    with self._lock:
+                        self._live.discard(proc)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        rows, malformed = load_records(records)
+        if interrupted:
+            raise Interrupted(
+                ProcessResult(label, proc.returncode, cl.finished_rows(rows), False, log, malformed)
+            )
+        stall = self.options.stall_limit if stalled else None
+        rows += cl.unfinished_rows(rows, stalled_after=stall)
+        return ProcessResult(label, proc.returncode, rows, stalled, log, malformed)
+
+    def _watch(self, proc: subprocess.Popen[bytes], records: Path, log: Path) -> bool:
+        last, changed = -1, time.monotonic()
+        finished = _TeardownCounter(records)
+        while True:
+            try:
+                proc.wait(timeout=0.05)
+                self.on_tests(finished.more())
+                return False
+            except subprocess.TimeoutExpired:
+                pass
+            if self.stopping.is_set():
+                raise KeyboardInterrupt
+            size = _size(records) + _size(log)
+            now = time.monotonic()
+            if size != last:
+                last, changed = size, now
+                self.on_tests(finished.more())
+            elif now - changed > self.options.stall_limit:
+                _kill(proc)
+                return True
+
+    def kill_all(self) -> None:
+        self.stopping.set()
+        with self._lock:
+            live = list(self._live)
+        for proc in live:
+            _kill(proc)
+
+
+class _TeardownCounter:
+    """Counts finished tests in a records directory, reading each file's new bytes only."""
+
+    def __init__(self, records: Path) -> None:
+        self.records = records
+        self.offsets: dict[Path, int] = {}
+        self.seen = 0
+
+    def more(self) -> int:
+        total = 0
+        for path in self.records.glob("records-*.jsonl"):
+            start = self.offsets.get(path, 0)
+            try:
+                with open(path, "rb") as f:
+                    f.seek(start)
+                    chunk = f.read()
+            except OSError:
+                continue
+            end = chunk.rfind(b"\n") + 1  # a line still being written waits for the next call
+            total += chunk[:end].count(TEARDOWN_MARK)
+            self.offsets[path] = start + end
+        self.seen += total
+        return total
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+    proc.wait()
+
+
+def _size(path: Path) -> int:
+    if path.is_dir():
+        return sum(_size(p) for p in path.iterdir())
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _last_line(log: Path) -> str:
+    try:
+        lines = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1].strip() if lines else ""

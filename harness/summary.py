@@ -1,0 +1,71 @@
+"""The sweep's result as typed objects; `to_dict` is exactly what summary.json holds."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TestVerdict:
+    """One test's class and the numbers behind it."""
+
+    __test__ = False  # not a pytest test class, whatever its name
+
+    nodeid: str
+    classification: str
+    why: str  # the evidence in words, agreeing with the numbers beside it
+    runs: int
+    failures: int
+    flake_rate: float
+    flake_rate_ci: tuple[float, float]
+    detection_chance: float | None  # chance a sweep of this many runs shows it; None: pass
+    isolation_runs: int
+    isolation_failures: int
+    polluters: list[str]
+    state_setters: list[str]
+    unconfirmed: list[str]  # a cause a search found that did not verify K times
+    concurrent: list[str]  # parallel-unsafe: the tests that ran at the same time elsewhere
+    signals: list[str]
+    message: str  # the first lines of a failure (or pytest's collection error)
+    replay: str
+
+
+@dataclass(frozen=True)
+class SearchRecord:
+    """One cause search: its replays, and apart from them the verification replays."""
+
+    victim: str
+    kind: str  # "polluter", "state-setter", "trial" (a known cause tried on another test)
+    candidates: int
+    replays: int
+    verification_replays: int
+    culprits: list[str]
+    verified: bool
+    capped: bool  # ddmin stopped at its cap
+
+
+@dataclass
+class Summary:
+    runs: int
+    workers: int
+    seeds: list[int]
+    shuffles: list[str]
+    backend: str
+    duration_s: float
+    tests: list[TestVerdict]
+    counts: dict[str, int]
+    searches: list[SearchRecord]
+    notes: list[str] = field(default_factory=list)
+    ddmin_cap: int = 0
+    verify_times: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        found = asdict(self)
+        for test in found["tests"]:
+            test["flake_rate_ci"] = list(test["flake_rate_ci"])
+        return found
+
+    @property
+    def verification_replays(self) -> int:
+        return sum(s.verification_replays for s in self.searches)
