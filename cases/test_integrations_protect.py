@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from capsafe_harness import protect
 
 from capsafe.integrations import _patch
 
 pytest_plugins = ["pytester"]
 FAKES = Path(__file__).with_name("test_integrations_cupy.py")
+SUITES = Path(__file__).resolve().parents[1] / "repro" / "suites"
 
 # Loads the fake CuPy of test_integrations_cupy.py as `cupy`, over the process-wide sim driver.
 CONFTEST = f"""
@@ -149,3 +152,58 @@ def test_a_method_of_an_immutable_extension_type_is_replaced_and_restored():
     finally:
         patches.restore()
     assert cls.__dict__["begin_building"] is original
+
+
+def _summary(directory: Path, tests: list[tuple[str, str, list[str]]]) -> Path:
+    directory.mkdir()
+    rows = [{"nodeid": n, "classification": c, "signals": s} for n, c, s in tests]
+    (directory / "summary.json").write_text(json.dumps({"tests": rows}))
+    return directory
+
+
+def test_survival_lists_each_capture_unsafe_test_and_whether_it_passed_protected(tmp_path, capsys):
+    before = _summary(
+        tmp_path / "bare",
+        [
+            ("t.py::a", "fail", ["capture-invalidated"]),
+            ("t.py::b", "capture-unsafe", []),
+            ("t.py::c", "fail", []),  # fails for another reason: not the protection's business
+            ("t.py::d", "pass", []),
+        ],
+    )
+    after = _summary(
+        tmp_path / "protected",
+        [("t.py::a", "pass", []), ("t.py::b", "flaky", ["capture-invalidated"])],
+    )
+    assert protect.main([str(before), str(after)]) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        "survived: t.py::a (fail without protection, pass with it)",
+        "NOT protected: t.py::b (capture-unsafe without protection, flaky with it)",
+        "capsafe protect: 1 of 2 capture-unsafe tests pass with protection",
+    ]
+    assert protect.main([str(before)]) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_sweeps_of_the_cuda_core_suite_without_and_with_protection(tmp_path):
+    sweep = [sys.executable, "-m", "capsafe.cli", "sweep", str(SUITES / "cuda_core_capture"),
+             "--runs", "2", "--workers", "2", "--seed", "3", "--isolation-runs", "2",
+             "--neighbors", "2", "--timeout", "20", "--no-progress"]  # fmt: skip
+    lean = ["-p", "no:run-parallel", "-p", "no:hypothesispytest"]
+    bare = subprocess.run([*sweep, "--out", str(tmp_path / "bare"), "--", *lean], timeout=110)
+    assert bare.returncode == 1  # the raw capture is capture-unsafe beside the neighbours
+    protected = subprocess.run(
+        [*sweep, "--out", str(tmp_path / "on"), "--", *lean, "--capsafe-protect=cuda_core"],
+        timeout=110,
+    )
+    assert protected.returncode == 0
+    out = subprocess.run(
+        [sys.executable, "-m", "capsafe_harness.protect", str(tmp_path / "bare"),
+         str(tmp_path / "on")],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "survived: test_graph_capture.py::test_three_captures (fail" in out
+    assert (
+        out.splitlines()[-1] == "capsafe protect: 1 of 1 capture-unsafe tests pass with protection"
+    )

@@ -8,12 +8,20 @@ released with a warning: otherwise its gate stays closed for the rest of the
 session, and every later gated call waits for a capture that is gone.
 
 capsafe is imported only when the option is given.
+
+`python -m capsafe_harness.protect UNPROTECTED_OUT PROTECTED_OUT` compares two
+sweeps of one suite in one configuration, without and with the option: for each
+test the first classified capture-unsafe, whether it passed in the second.
 """
 
 from __future__ import annotations
 
+import json
+import sys
 from collections.abc import Generator
+from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -94,3 +102,50 @@ class Protection:
                             "its hold on the capture gate was released"
                         )
                     )
+
+
+def capture_unsafe(test: dict[str, Any]) -> bool:
+    """A sweep summary's test that failed because captures broke (H6's class, or its signal)."""
+    if test["classification"] == "capture-unsafe":
+        return True
+    return test["classification"] != "pass" and "capture-invalidated" in test["signals"]
+
+
+def survival(unprotected: Path, protected: Path) -> list[tuple[str, str, str]]:
+    """(node id, classification without, with protection) for each capture-unsafe test."""
+    before = json.loads((unprotected / "summary.json").read_text())["tests"]
+    after = {t["nodeid"]: t for t in json.loads((protected / "summary.json").read_text())["tests"]}
+    return [
+        (
+            t["nodeid"],
+            t["classification"],
+            after.get(t["nodeid"], {"classification": "not run"})["classification"],
+        )
+        for t in before
+        if capture_unsafe(t)
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print(
+            "usage: python -m capsafe_harness.protect UNPROTECTED_OUT PROTECTED_OUT",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        rows = survival(Path(args[0]), Path(args[1]))
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"capsafe protect: cannot read the sweeps: {exc}", file=sys.stderr)
+        return 2
+    for nodeid, was, now in rows:
+        verdict = "survived" if now == "pass" else "NOT protected"
+        print(f"{verdict}: {nodeid} ({was} without protection, {now} with it)")
+    survived = sum(now == "pass" for _, _, now in rows)
+    print(f"capsafe protect: {survived} of {len(rows)} capture-unsafe tests pass with protection")
+    return 0 if rows and survived == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
