@@ -20,7 +20,13 @@ Load-bearing details (each has a test in cases/test_gate*.py):
   thread;
 - after `os.fork` every gate in the child is fresh and unlocked;
 - a section that has waited `fairness_s` enters at the next capture end, ahead
-  of the next capture, so a tight capture loop cannot starve allocator threads.
+  of the next capture, so a tight capture loop cannot starve allocator threads;
+- every wait is exception-safe: whatever ends it (Ctrl-C, an async exception,
+  pytest-timeout's signal) consumes or returns what it was given, and every wait
+  has a timeout raising `GateTimeout` that names the holders;
+- a gated call from a finalizer or signal handler on a thread that is waiting
+  inside the gate is deferred (releases) or refused (`UsageError`), never run
+  beside a capture or waited for inside the wait.
 
 The uncontended shared section costs one thread-local lookup and a few
 attribute stores, no lock: each thread publishes its depth in its own record
@@ -49,6 +55,12 @@ from capsafe.errors import CapsafeError, UsageError
 log = logging.getLogger("capsafe")
 
 DEFAULT_CAPTURE_TIMEOUT_S = 60.0
+#: How long a shared section waits for a capture window before `GateTimeout`.
+DEFAULT_SHARED_TIMEOUT_S = 60.0
+#: A waiting capture re-checks this often (a holder's thread may have exited).
+_POLL_S = 0.05
+# What a thread is waiting for inside the gate (`_Record.waiting`).
+_NOT_WAITING, _SHARED_WAIT, _NESTED_WAIT, _CAPTURE_WAIT = 0, 1, 2, 3
 #: A shared section that waited this long enters at the next capture end, ahead of
 #: the next capture (and a waiting section re-checks the gate this often).
 DEFAULT_FAIRNESS_S = 0.001
@@ -58,7 +70,7 @@ _STDLIB_DIR = os.path.dirname(os.path.abspath(threading.__file__)) + os.sep
 
 
 class GateTimeout(CapsafeError, TimeoutError):
-    """A capture could not take the gate in time; the message names who holds it and where."""
+    """A wait at the gate ran out; the message names who holds it and where."""
 
 
 @dataclass(frozen=True)
@@ -67,15 +79,18 @@ class Holder:
 
     thread_name: str
     thread_id: int
-    role: str  # "shared", "capture" or "waiting capture"
+    role: str  # "shared", "capture", "waiting capture" or "granted entry"
     depth: int  # nested shared sections (0 for a capture with none)
     site: str  # the outermost call site outside capsafe, or "?"
     now_at: str  # where the thread is executing right now
+    exited: bool = False  # the thread has ended (a capture it began is still open)
 
     def describe(self) -> str:
         text = f"thread {self.thread_name!r} ({self.role}"
         if self.depth:
             text += f", {self.depth} section{'s' if self.depth > 1 else ''}"
+        if self.exited:
+            return text + f", entered at {self.site}; the owner thread has exited)"
         return text + f", entered at {self.site}, now at {self.now_at})"
 
 
@@ -100,8 +115,10 @@ class _Record:
 
     depth > 0: nested shared sections; depth < 0: sections the measured policy
     admitted beside an open capture (see `CaptureGate.enter`); 0: none.
-    `aside` (written under the gate lock) marks a thread waiting for or holding
-    the exclusive side: its shared sections do not block other captures.
+    Written under the gate lock: `aside` marks a thread waiting for or holding
+    the exclusive side (its shared sections do not block other captures);
+    `waiting` what the thread waits for inside the gate; `granted` an entry
+    ahead of the next capture, which counts only while the thread still waits.
     """
 
     __slots__ = (
@@ -109,9 +126,12 @@ class _Record:
         "aside",
         "depth",
         "entered",
+        "granted",
         "lax_window",
+        "name",
         "thread",
         "thread_id",
+        "waiting",
         "waiting_since",
     )
 
@@ -120,15 +140,20 @@ class _Record:
         self.depth = 0
         self.entered = 0
         self.aside = False
+        self.granted = False
         self.lax_window = 0
+        self.waiting = _NOT_WAITING
         self.waiting_since = 0.0
         self.thread = weakref.ref(current)
         self.thread_id = threading.get_ident()
+        self.name = current.name  # kept for messages after the thread has gone
 
     @property
     def thread_name(self) -> str:
         thread = self.thread()
-        return thread.name if thread is not None else f"<exited {self.thread_id}>"
+        if thread is not None:
+            self.name = thread.name
+        return self.name
 
     def dead(self) -> bool:
         thread = self.thread()
@@ -199,11 +224,18 @@ class CaptureGate:
     run beside an open capture whose `harmful` set (the calls that can break it,
     from the hazard table) does not contain that call — the measured policy. A
     section without a name, or a capture with `harmful=None`, never allows this
-    — the conservative policy.
+    — the conservative policy. `shared_timeout`: seconds a section waits for a
+    capture window before `GateTimeout` (None waits forever).
     """
 
-    def __init__(self, *, fairness_s: float = DEFAULT_FAIRNESS_S) -> None:
+    def __init__(
+        self,
+        *,
+        fairness_s: float = DEFAULT_FAIRNESS_S,
+        shared_timeout: float | None = DEFAULT_SHARED_TIMEOUT_S,
+    ) -> None:
         self.fairness_s = fairness_s
+        self.shared_timeout = shared_timeout
         self._init_state()
         _live_gates.add(self)
 
@@ -216,8 +248,10 @@ class CaptureGate:
         self._tls = threading.local()
         self._records: list[_Record] = []
         if keep is not None:  # the thread that forked keeps its own open sections
-            keep.aside = False
+            keep.aside = keep.granted = False
+            keep.waiting = _NOT_WAITING
             keep.thread = weakref.ref(threading.current_thread())
+            keep.name = threading.current_thread().name
             keep.thread_id = threading.get_ident()
             self._tls.rec = keep
             self._records.append(keep)
@@ -226,9 +260,6 @@ class CaptureGate:
         self._harmful: frozenset[str] | None = frozenset()
         self._window = 0  # bumped at every exclusive acquisition
         self._writers_waiting = 0
-        self._readers_waiting = 0
-        self._epoch = 0  # bumped at every capture end
-        self._granted = 0  # waiting sections let in ahead of the next capture
         self._closed = False  # a capture holds or waits for the exclusive side
         self._deferred: list[_Deferred] = []
         self._generation = getattr(self, "_generation", 0) + 1
@@ -241,7 +272,7 @@ class CaptureGate:
     # -- shared side ----------------------------------------------------------
     def _record(self) -> _Record:
         try:
-            return self._tls.rec
+            return self._tls.rec  # type: ignore[no-any-return]
         except AttributeError:
             rec = self._tls.rec = _Record()
             with self._lock:
@@ -257,7 +288,10 @@ class CaptureGate:
             rec = self._record()
         depth = rec.depth
         if depth > 0:
-            rec.depth = depth + 1
+            if rec.aside:  # a capture's own thread, or a finalizer while it waits to begin
+                self._enter_aside(rec, call)
+            else:
+                rec.depth = depth + 1
             return
         if depth < 0:
             self._enter_nested_admitted(rec, call)
@@ -269,7 +303,10 @@ class CaptureGate:
 
     def exit(self, *_exc: object) -> None:
         """Close the innermost shared section of this thread (also `__exit__`)."""
-        rec = self._tls.rec
+        try:
+            rec = self._tls.rec
+        except AttributeError:
+            raise UsageError(_NO_SECTION) from None
         depth = rec.depth
         if depth > 1:
             rec.depth = depth - 1
@@ -282,7 +319,7 @@ class CaptureGate:
             if depth == -1:
                 self._wake()
         else:
-            raise UsageError("capture gate: exit() without a matching enter() on this thread")
+            raise UsageError(_NO_SECTION)
 
     # `with gate:` is a shared section; aliases save a Python call on the hot path
     # (so `with gate as x` binds None).
@@ -299,75 +336,118 @@ class CaptureGate:
             self.exit()
 
     def _admissible(self, call: str | None) -> bool:
-        # Measured policy: a named call the open captures cannot be broken by may run now.
+        # Measured policy: a named call the open captures cannot be broken by may run
+        # now, unless another capture waits (it must not be starved by admissions).
         harmful = self._harmful
         return (
             call is not None
             and self._owner is not None
             and harmful is not None
             and call not in harmful
+            and not self._writers_waiting
         )
 
-    def _enter_slow(self, rec: _Record, call: str | None) -> None:
+    def _refuse_reentry(self, rec: _Record, call: str | None) -> None:
+        # A finalizer or signal handler ran a gated call inside this thread's own
+        # wait: waiting again there could deadlock, running it could break the
+        # capture. Releases are deferred before they get here (defer_if_capturing).
+        raise UsageError(
+            f"capture gate: {call or 'a gated call'} on thread {rec.thread_name!r} while "
+            "that thread waits at the gate (a finalizer or signal handler ran it); only "
+            "releases may run there (they are deferred): make the call outside it"
+        )
+
+    def _enter_aside(self, rec: _Record, call: str | None) -> None:
         with self._lock:
-            if not self._closed:
-                return  # the capture ended between our store and our look
-            if rec is self._owner:
-                self._bypassed += 1
-                self._bypassed_calls[call or "(unnamed)"] += 1
-                return
-            if rec.aside:  # a finalizer run while this thread waits in begin_capture
-                self._contended += 1
-                while self._owner is not None:
-                    self._may_enter.wait()
-                return
-            if self._admissible(call):
-                rec.depth = -1
-                rec.lax_window = self._window
-                self._admitted += 1
-                return
-            rec.depth = 0  # step back out: a draining capture may have counted us
+            if rec is not self._owner:
+                self._refuse_reentry(rec, call)
+            rec.depth += 1
+            self._bypassed += 1
+            self._bypassed_calls[call or "(unnamed)"] += 1
+
+    def _enter_slow(self, rec: _Record, call: str | None) -> None:
+        try:
+            with self._lock:
+                if not self._closed:
+                    return  # the capture ended between our store and our look
+                if rec is self._owner:
+                    self._bypassed += 1
+                    self._bypassed_calls[call or "(unnamed)"] += 1
+                    return
+                rec.depth = 0  # step back out: a draining capture may have counted us
+                rec.entered -= 1
+                if rec.waiting or rec.aside:
+                    self._refuse_reentry(rec, call)
+                if self._admissible(call):
+                    self._admit(rec)
+                else:
+                    self._may_capture.notify_all()
+                    self._contended += 1
+                    self._wait_to_enter(rec, call)
+                rec.entered += 1
+        finally:
+            if self._deferred:
+                self._flush_orphans()
+
+    def _admit(self, rec: _Record) -> None:
+        rec.depth = -1
+        rec.lax_window = self._window
+        self._admitted += 1
+
+    def _wait_to_enter(self, rec: _Record, call: str | None) -> None:
+        start = time.monotonic()
+        deadline = None if self.shared_timeout is None else start + self.shared_timeout
+        rec.waiting_since = start
+        rec.waiting = _SHARED_WAIT
+        try:
+            while True:
+                if rec.granted or not self._closed:
+                    rec.depth = 1  # a capture ended: our turn (the grant is used below)
+                    break
+                if self._admissible(call):
+                    self._admit(rec)
+                    break
+                remaining = _remaining(deadline)
+                if remaining is not None and remaining <= 0:
+                    raise GateTimeout(self._shared_timeout_message(rec, call))
+                self._may_enter.wait(self.fairness_s)
+        finally:
+            # Straight-line stores first (no call, so no signal lands between them):
+            # the grant is consumed (we entered) or returned (we did not), either way.
+            rec.waiting = _NOT_WAITING
+            rec.granted = False
+            rec.waiting_since = 0.0
             self._may_capture.notify_all()
-            self._contended += 1
-            start = time.monotonic()
-            epoch = self._epoch
-            self._readers_waiting += 1
-            rec.waiting_since = start
-            try:
-                while self._closed and not self._admissible(call) and self._epoch == epoch:
-                    self._may_enter.wait(self.fairness_s)
-            finally:
-                self._readers_waiting -= 1
-                rec.waiting_since = 0.0
-            if self._epoch != epoch:  # a capture ended while we waited: our turn
-                self._granted -= 1
-                rec.depth = 1
-            elif self._closed:
-                rec.depth = -1
-                rec.lax_window = self._window
-                self._admitted += 1
-            else:
-                rec.depth = 1
             self._note_wait(time.monotonic() - start)
 
     def _enter_nested_admitted(self, rec: _Record, call: str | None) -> None:
         # Nested inside a section admitted beside an open capture: a call that
-        # could break that capture waits for its window to end (the capture never
-        # waits for us, so this cannot deadlock), then the section is a full one.
+        # could break that capture waits ("parked") until the window ends. A parked
+        # thread runs no driver code, so the owner's nested captures do not wait for
+        # it (no cycle); other threads' captures do, so nothing overlaps its section.
         with self._lock:
             if rec.lax_window == self._window and self._owner is not None:
                 if self._admissible(call):
                     rec.depth -= 1
                     return
+                if rec.waiting:
+                    self._refuse_reentry(rec, call)
                 start = time.monotonic()
+                deadline = None if self.shared_timeout is None else start + self.shared_timeout
                 self._contended += 1
-                while rec.lax_window == self._window and self._owner is not None:
-                    self._may_enter.wait()
-                self._note_wait(time.monotonic() - start)
+                rec.waiting_since = start
+                rec.waiting = _NESTED_WAIT
+                try:
+                    while rec.lax_window == self._window and self._owner is not None:
+                        remaining = _remaining(deadline)
+                        if remaining is not None and remaining <= 0:
+                            raise GateTimeout(self._shared_timeout_message(rec, call))
+                        self._may_enter.wait(_POLL_S if remaining is None else remaining)
+                finally:
+                    rec.waiting = _NOT_WAITING
+                    rec.waiting_since = 0.0
+                    self._note_wait(time.monotonic() - start)
             rec.depth = -rec.depth + 1
-
-    def _oldest_wait(self) -> float:
-        return min((r.waiting_since for r in self._records if r.waiting_since), default=0.0)
 
     def _wake(self) -> None:
         with self._lock:
@@ -391,22 +471,32 @@ class CaptureGate:
         thread (None: every gated call; only the measured policy looks at it).
         `timeout`: seconds to wait before raising `GateTimeout` naming the holders
         (None waits forever). The calling thread may already be inside shared
-        sections (they are set aside) or own the gate (captures nest).
+        sections (they are set aside) or own the gate (captures nest). Whatever
+        ends a wait here, nothing is left registered.
         """
         rec = self._record()
         site = _outer_site(sys._getframe(1))
+        try:
+            return self._begin(rec, harmful, label, site, timeout)
+        finally:
+            if self._deferred:
+                self._flush_orphans()
+
+    def _begin(
+        self,
+        rec: _Record,
+        harmful: frozenset[str] | None,
+        label: str,
+        site: _Site,
+        timeout: float | None,
+    ) -> CaptureGuard:
         with self._lock:
             if rec is self._owner:
-                guard = CaptureGuard(self, rec, harmful, label, site)
-                self._guards.append(guard)
-                self._harmful = _union(self._harmful, harmful)
-                self._captures += 1
-                if self._admitted:  # sections admitted under the narrower set must drain
-                    self._wait_until(
-                        lambda: not self._blocking_records(rec, admitted_only=True), timeout, label
-                    )
-                return guard
+                return self._begin_nested(rec, harmful, label, site, timeout)
+            if rec.waiting:
+                self._refuse_reentry(rec, "begin_capture")
             rec.aside = True  # our own sections no longer block anyone's capture
+            rec.waiting = _CAPTURE_WAIT
             self._writers_waiting += 1
             self._closed = True
             self._may_capture.notify_all()
@@ -414,7 +504,7 @@ class CaptureGate:
                 self._wait_until(
                     lambda: (
                         self._owner is None
-                        and not self._granted
+                        and not self._grants_pending()
                         and not self._blocking_records(rec)
                     ),
                     timeout,
@@ -422,12 +512,14 @@ class CaptureGate:
                 )
             except BaseException:
                 rec.aside = False
-                self._may_enter.notify_all()
-                self._may_capture.notify_all()
                 raise
             finally:
+                rec.waiting = _NOT_WAITING
                 self._writers_waiting -= 1
                 self._closed = self._owner is not None or self._writers_waiting > 0
+                if self._owner is None:  # others waited on us: let them look again
+                    self._may_enter.notify_all()
+                    self._may_capture.notify_all()
             self._owner = rec
             self._closed = True
             self._window += 1
@@ -439,24 +531,65 @@ class CaptureGate:
             self._captures += 1
             return guard
 
+    def _begin_nested(
+        self,
+        rec: _Record,
+        harmful: frozenset[str] | None,
+        label: str,
+        site: _Site,
+        timeout: float | None,
+    ) -> CaptureGuard:
+        # Called under the lock by the owner. Widen the set first, so nothing new is
+        # admitted under the narrower one, then drain the admitted sections still
+        # running; the guard is registered only once that succeeded.
+        self._harmful = _union(self._harmful, harmful)
+        try:
+            self._wait_until(lambda: not self._running_admitted(rec), timeout, label)
+        except BaseException:
+            self._harmful = _union_all(g.harmful for g in self._guards)
+            raise
+        guard = CaptureGuard(self, rec, harmful, label, site)
+        self._guards.append(guard)
+        self._captures += 1
+        return guard
+
     def _wait_until(self, ready: Callable[[], bool], timeout: float | None, label: str) -> None:
         if ready():
             return
         self._capture_waits += 1
         start = time.monotonic()
         deadline = None if timeout is None else start + timeout
-        while not ready():
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                self._note_wait(time.monotonic() - start)
-                raise GateTimeout(self._timeout_message(label, timeout))
-            self._may_capture.wait(remaining)
-        self._note_wait(time.monotonic() - start)
+        try:
+            while not ready():
+                remaining = _remaining(deadline)
+                if remaining is not None and remaining <= 0:
+                    raise GateTimeout(self._timeout_message(label, timeout))
+                self._may_capture.wait(_POLL_S if remaining is None else min(remaining, _POLL_S))
+        finally:
+            self._note_wait(time.monotonic() - start)
 
-    def _blocking_records(self, me: _Record, admitted_only: bool = False) -> list[_Record]:
-        if admitted_only:
-            return [r for r in self._records if r.depth < 0 and r is not me]
-        return [r for r in self._records if r.depth and not r.aside and r is not me]
+    def _grants_pending(self) -> bool:
+        # A grant counts only while its thread still waits for it (and lives).
+        return any(r.granted and r.waiting == _SHARED_WAIT and not r.dead() for r in self._records)
+
+    def _blocking_records(self, me: _Record) -> list[_Record]:
+        # Sections of threads that have exited run nothing: they block no one.
+        return [
+            r for r in self._records if r.depth and not r.aside and r is not me and not r.dead()
+        ]
+
+    def _running_admitted(self, me: _Record) -> list[_Record]:
+        # Admitted sections that may be in the driver now: not parked, not waiting to
+        # begin a capture of their own (both run no driver code until we end).
+        return [
+            r
+            for r in self._records
+            if r.depth < 0
+            and r is not me
+            and not r.aside
+            and r.waiting == _NOT_WAITING
+            and not r.dead()
+        ]
 
     def _release(self, guard: CaptureGuard) -> bool:
         with self._lock:
@@ -473,18 +606,35 @@ class CaptureGate:
             self._harmful = frozenset()
             guard.record.aside = False
             self._closed = self._writers_waiting > 0
-            if self._readers_waiting and self._oldest_wait() <= time.monotonic() - self.fairness_s:
-                # Sections that waited fairness_s or longer enter before the next
-                # capture, so a tight capture loop cannot starve allocator threads.
-                # Younger waiters are not woken: they re-check every fairness_s, and
-                # waking them at every capture end would cost more than the capture.
-                self._epoch += 1
-                self._granted = self._readers_waiting
+            if self._wake_waiting_sections():
                 self._may_enter.notify_all()
             deferred, self._deferred = self._deferred, []
             self._may_capture.notify_all()
         _run_deferred(deferred)
         return True
+
+    def _wake_waiting_sections(self) -> bool:
+        # Sections that waited fairness_s or longer enter before the next capture, so
+        # a tight capture loop cannot starve allocator threads. Younger waiters are
+        # not woken: they re-check every fairness_s, and waking them at every capture
+        # end would cost more than the capture. Parked sections may go on now.
+        oldest_allowed = time.monotonic() - self.fairness_s
+        wake = False
+        for rec in self._records:
+            if rec.waiting == _SHARED_WAIT and rec.waiting_since <= oldest_allowed:
+                rec.granted = wake = True
+            elif rec.waiting == _NESTED_WAIT:
+                wake = True
+        return wake
+
+    def _flush_orphans(self) -> None:
+        # Releases deferred from a finalizer on a waiting thread run at the next capture
+        # end; when no capture is open or coming, that is now.
+        with self._lock:
+            if self._owner is not None or self._writers_waiting or not self._deferred:
+                return
+            deferred, self._deferred = self._deferred, []
+        _run_deferred(deferred)
 
     def owned_by_current_thread(self) -> bool:
         """True while this thread holds the exclusive side (a capture of its own is open)."""
@@ -497,15 +647,18 @@ class CaptureGate:
             return Counter(self._bypassed_calls)
 
     def defer_if_capturing(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
-        """Queue `fn(*args, **kwargs)` until this thread's capture ends; False if none is open.
+        """Queue `fn(*args, **kwargs)` until the capture ends; False when it may run now.
 
-        Teardown requested by the capturing thread itself (a finalizer the GC
-        runs mid-capture) would break the capture; deferring it only delays it.
+        It may not run now when this thread's own capture is open (a finalizer the
+        GC runs mid-capture would break it) or when this thread is waiting inside
+        the gate (a finalizer or signal handler landed in the wait). Deferring a
+        release only delays it.
         """
-        if not self.owned_by_current_thread():
+        rec = getattr(self._tls, "rec", None)
+        if rec is None or (rec is not self._owner and not rec.waiting):
             return False
-        # No lock: only the owning thread appends, and a finalizer may run while
-        # this thread is inside the gate's own code.
+        # No lock: list.append is atomic, and a finalizer may run while this thread
+        # is inside the gate's own code.
         self._deferred.append((fn, args, kwargs))
         self._deferred_total += 1
         return True
@@ -521,11 +674,14 @@ class CaptureGate:
         owner_guard = self._guards[0] if self._guards else None
         out = []
         for rec in self._records:
+            dead = rec.dead()
             if rec is self._owner:
                 role = "capture"
             elif rec.aside:
                 role = "waiting capture"
-            elif rec.depth:
+            elif rec.granted and rec.waiting == _SHARED_WAIT:
+                role = "granted entry"
+            elif rec.depth and not dead:
                 role = "shared"
             else:
                 continue
@@ -541,19 +697,30 @@ class CaptureGate:
                     abs(rec.depth),
                     _format_site(site),
                     _format_site(_site_of(frame)),
+                    exited=dead,
                 )
             )
         return tuple(out)
 
+    def _held_by(self) -> str:
+        me = threading.get_ident()
+        holders = [h for h in self._holders_locked() if h.thread_id != me]
+        return "; ".join(h.describe() for h in holders) or "no holder left (it just released)"
+
     def _timeout_message(self, label: str, timeout: float | None) -> str:
-        holders = [
-            h
-            for h in self._holders_locked()
-            if h.thread_id != threading.get_ident() and h.role != "waiting capture"
-        ]
         what = f"capture {label}" if label else "capture"
-        held = "; ".join(h.describe() for h in holders) or "no holder left (it just released)"
-        return f"capture gate: {what} could not begin within {timeout:g} s; held by {held}"
+        return (
+            f"capture gate: {what} could not begin within {timeout:g} s; held by {self._held_by()}"
+        )
+
+    def _shared_timeout_message(self, rec: _Record, call: str | None) -> str:
+        guard = self._guards[0] if self._guards else None
+        what = f" ({guard.label})" if guard is not None and guard.label else ""
+        return (
+            f"capture gate: {call or 'a gated call'} on thread {rec.thread_name!r} could not "
+            f"enter within {self.shared_timeout:g} s: a capture{what} holds or waits for the "
+            f"gate; held by {self._held_by()}"
+        )
 
     def stats(self) -> GateStats:
         with self._lock:
@@ -573,12 +740,12 @@ class CaptureGate:
             )
 
     def _prune(self) -> None:
-        # Forget threads that ended outside any section (called under the lock).
+        # Forget threads that ended and own nothing (called under the lock).
         if len(self._records) < 8:
             return
         keep = []
         for rec in self._records:
-            if rec.dead() and not rec.depth and rec is not self._owner:
+            if rec.dead() and rec is not self._owner:
                 self._retired_entered += rec.entered
             else:
                 keep.append(rec)
@@ -587,6 +754,13 @@ class CaptureGate:
     def _after_fork_in_child(self) -> None:
         keep = getattr(self._tls, "rec", None)
         self._init_state(keep)
+
+
+_NO_SECTION = "capture gate: exit() without a matching enter() on this thread"
+
+
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else deadline - time.monotonic()
 
 
 def _union(a: frozenset[str] | None, b: frozenset[str] | None) -> frozenset[str] | None:
