@@ -43,10 +43,13 @@ def _core() -> tuple[Any, Any]:
     """(the cuda.core module with Device and MemoryResource, the GraphBuilder class)."""
     try:
         core = importlib.import_module("cuda.core")
-        builder = importlib.import_module("cuda.core.graph").GraphBuilder
-    except (ImportError, AttributeError):  # cuda.core before 1.0
+        if not hasattr(core, "Device"):  # cuda.core before 1.0 keeps its API here
+            core = importlib.import_module("cuda.core.experimental")
+    except ImportError:
         core = importlib.import_module("cuda.core.experimental")
-        builder = core.GraphBuilder
+    builder = getattr(core, "GraphBuilder", None)
+    if builder is None:  # cuda.core 1.x: the graph API has its own module
+        builder = importlib.import_module(f"{core.__name__}.graph").GraphBuilder
     return core, builder
 
 
@@ -60,11 +63,15 @@ def _alloc_call(stream: Any) -> str:
     return "memset_async_legacy" if _stream_handle(stream) in (0, 1) else "mem_alloc_async_other"
 
 
-@functools.cache
 def _resource_class() -> type:
-    core, _ = _core()
+    return _resource_class_for(_core()[0])
 
-    class GatedMemoryResource(core.MemoryResource):  # type: ignore[misc, name-defined]
+
+@functools.cache
+def _resource_class_for(core: Any) -> type:
+    """The gated resource class over this cuda.core module's `MemoryResource`."""
+
+    class GatedMemoryResource(core.MemoryResource):  # type: ignore[misc]
         """`inner`'s allocations and frees, each inside the gate's shared side."""
 
         def __init__(self, inner: Any, driver: Backend | None = None) -> None:
