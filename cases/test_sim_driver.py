@@ -66,6 +66,36 @@ def test_out_of_range_ordinals_are_invalid_device(ordinal: int) -> None:
     )
 
 
+def test_several_devices_each_have_their_own_context_and_memory() -> None:
+    b = SimBackend(devices=3)
+    b.init()
+    assert b.device_get_count() == 3
+    devices = [b.device_get(n) for n in range(3)]
+    assert [d.ordinal for d in devices] == [0, 1, 2]
+    assert result_of(b.device_get, 3) == "CUDA_ERROR_INVALID_DEVICE"
+    contexts = [b.primary_ctx_retain(d) for d in devices]
+    assert len({c.value for c in contexts}) == 3
+    b.ctx_set_current(contexts[0])
+    ptr = b.mem_alloc(1 << 20)
+    stream = b.stream_create()
+    free0, total = b.mem_get_info()
+    b.ctx_set_current(contexts[1])
+    assert b.mem_get_info() == (total, total)  # device 1's memory is untouched
+    assert result_of(b.mem_free, ptr) == "CUDA_ERROR_INVALID_VALUE"
+    assert result_of(b.stream_synchronize, stream) == "CUDA_ERROR_INVALID_HANDLE"
+    b.primary_ctx_release(devices[1])  # tearing down device 1 leaves device 0 alone
+    b.ctx_set_current(contexts[0])
+    assert b.mem_get_info() == (free0, total)
+    b.mem_free(ptr)
+    assert b.device_get_name(devices[2]) == DEVICE_NAME
+
+
+@pytest.mark.parametrize("devices", [0, -1, 1.5])
+def test_a_machine_without_devices_is_a_usage_error(devices) -> None:
+    with pytest.raises(UsageError, match="at least one device"):
+        SimBackend(devices=devices)
+
+
 def test_context_is_per_thread(sim_backend: SimBackend) -> None:
     """A thread that never bound a context gets INVALID_CONTEXT, as on the driver."""
     b = sim_backend
