@@ -56,13 +56,15 @@ class CudaDevice:
         self.handle: Device = backend.device_get(ordinal)
         self.context: Context = backend.primary_ctx_retain(self.handle)
         self._pid = os.getpid()
+        self._generation = _fork_generation
         self._name: str | None = None
 
     def __repr__(self) -> str:
         return f"<CudaDevice {self.ordinal} on {self.backend.name}>"
 
     def _check_process(self) -> None:
-        if os.getpid() != self._pid:
+        # The at-fork counter, not os.getpid(): a syscall on every bind costs more than the bind.
+        if self._generation != _fork_generation:
             raise ForkedProcessError(
                 f"device {self.ordinal} was created in process {self._pid} before a fork and "
                 f"its CUDA context is dead in this child ({os.getpid()}); {FORK_REMEDY}"
@@ -96,6 +98,7 @@ class CudaDevice:
 _lock = threading.Lock()
 _devices: dict[int, CudaDevice] = {}
 _forked_after_cuda = False  # set in a child whose parent had retained devices
+_fork_generation = 0  # how many forks deep this process is: devices of an older one are dead
 
 
 def _check_ordinal(ordinal: object) -> None:
@@ -135,8 +138,9 @@ def _create(ordinal: int) -> CudaDevice:
 def _after_fork_in_child() -> None:
     # The parent's devices stay referenced by whoever holds them and refuse on
     # use (pid check); the registry starts empty so nothing hands them out again.
-    global _lock, _forked_after_cuda
+    global _lock, _forked_after_cuda, _fork_generation
     _lock = threading.Lock()
+    _fork_generation += 1
     _forked_after_cuda = _forked_after_cuda or bool(_devices)
     _devices.clear()
 
