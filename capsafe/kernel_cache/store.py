@@ -391,9 +391,9 @@ class KernelCache:
                 return None
             pending, self._pending = self._pending, {}
             self._last_flush = time.monotonic()
-        if not self.directory.is_dir():
-            return None  # removed under us (a temporary directory at exit): never recreate it
         try:
+            if not self.directory.is_dir():
+                return None  # removed under us (a temporary directory at exit): never recreate it
             with stats.locked(self.directory) as root:
                 return stats.merge(root, pending)
         except Exception as exc:  # OSError, LockUnavailable: keep the counts for later
