@@ -139,9 +139,10 @@ def advice(attribution: Attribution) -> str:
     """What the hazard table says follows from the kinds that broke the test: the mode it
     captured in, the calls to keep out of its window, and the fix."""
     fix = (
-        "or take the capture through `capsafe.capture` (or a capsafe framework integration): "
-        "its gate holds other threads' capture-breaking calls made through capsafe off for the "
-        "window, so it survives these neighbours"
+        "or take the capture through `capsafe.capture` (for CuPy and cuda.core captures: run "
+        "with `--capsafe-protect=cupy,cuda_core`): its gate holds other threads' "
+        "capture-breaking calls made through capsafe off for the window, so it survives "
+        "these neighbours"
     )
     if not attribution.breaks:
         return (

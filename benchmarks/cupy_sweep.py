@@ -1,0 +1,120 @@
+"""A third-party GPU suite under the sweep: CuPy's own graph and stream tests, plain vs swept.
+
+Measured side by side in one call, from the suite's own directory (its conftest and
+pytest settings apply): one plain `pytest` run of the files, then `capsafe sweep` of the
+same files with `--runs 3 --workers 2 --neighbors 2`, then the same sweep without
+`--neighbors`. Each sweep writes its reports under --out; this prints, per sweep, the
+verdict counts, every capture-unsafe test with the calls that break it, the phase
+times, and last the wall-time ratio of the neighbour sweep to the plain run.
+
+    python benchmarks/cupy_sweep.py --suite .gpu/cupy-v14.2.0 --out reports/gpu
+
+Exit 0 when every done-when line holds (the neighbour sweep classified every test the
+plain run ran and named the breaking calls of each capture-unsafe test, the sweep
+without neighbours found none, the ratio is at most --limit), 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+FILES = (
+    "tests/cupy_tests/cuda_tests/test_graph.py",
+    "tests/cupy_tests/cuda_tests/test_stream.py",
+)
+SWEEP = ("--runs", "3", "--workers", "2", "--seed", "11", "--no-progress")
+
+
+def timed(cmd: list[str], cwd: Path, log: Path) -> tuple[float, int, str]:
+    """(wall seconds, exit code, output) of one command, its output also in `log`."""
+    started = time.perf_counter()
+    done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    text = done.stdout + done.stderr
+    log.write_text(text, encoding="utf-8")
+    return wall, done.returncode, text
+
+
+def ran_tests(pytest_output: str) -> int:
+    """Tests the plain run reported (passed, failed, skipped, xfailed, ... and errors)."""
+    tail = pytest_output.strip().splitlines()[-1] if pytest_output.strip() else ""
+    return sum(int(n) for n, _ in re.findall(r"(\d+) (passed|failed|skipped|xfailed|xpassed|error)",
+                                            tail))  # fmt: skip
+
+
+def describe(name: str, wall: float, rc: int, summary: dict[str, Any]) -> list[str]:
+    counts = ", ".join(f"{n} {c}" for c, n in summary["counts"].items() if n)
+    lines = [f"{name}: {wall:.1f} s, exit {rc}, {len(summary['tests'])} tests: {counts}"]
+    times = summary.get("phase_times", {})
+    if times:
+        lines.append(f"  sweep phases (wall s): {json.dumps(times.get('sweep_s', {}))}")
+        lines.append(
+            f"  {times.get('processes', 0)} test processes, summed s: "
+            f"{json.dumps(times.get('process_s', {}))}"
+        )
+    for t in (summary.get("gpu") or {}).get("capture_unsafe", []):
+        lines.append(f"  capture-unsafe {t['nodeid']}: {t['verdict']}")
+    neighbors = (summary.get("gpu") or {}).get("neighbors") or {}
+    if neighbors.get("processes"):
+        lines.append(f"  neighbour driver errors per kind: {neighbors.get('driver_errors')}")
+    lines += [f"  note: {n}" for n in summary.get("notes", [])]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", type=Path, required=True, help="the CuPy suite folder")
+    parser.add_argument("--out", type=Path, required=True, help="reports and logs go here")
+    parser.add_argument("--limit", type=float, default=10.0, help="allowed sweep/plain ratio")
+    parser.add_argument("--files", nargs="+", default=list(FILES),
+                        help="test files, relative to --suite (default: CuPy's two)")  # fmt: skip
+    args = parser.parse_args(argv)
+    suite, out = args.suite.resolve(), args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    capsafe = shutil.which("capsafe") or "capsafe"
+    pytest = [sys.executable, "-m", "pytest", *args.files, "-q", "-p", "no:cacheprovider"]
+
+    plain_s, plain_rc, plain_out = timed(pytest, suite, out / "cupy_plain.log")
+    plain_tests = ran_tests(plain_out)
+    print(f"plain pytest: {plain_s:.1f} s, exit {plain_rc}, {plain_tests} tests")
+
+    results = {}
+    for name, extra in (("cupy_sweep_neighbors", ["--neighbors", "2"]), ("cupy_sweep_plain", [])):
+        report = out / name
+        cmd = [capsafe, "sweep", *args.files, *SWEEP, *extra, "--out", str(report)]
+        wall, rc, _ = timed(cmd, suite, out / f"{name}.log")
+        try:
+            summary = json.loads((report / "summary.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            print(f"{name}: {wall:.1f} s, exit {rc}, no summary.json (see {name}.log)")
+            return 1
+        results[name] = (wall, summary)
+        print("\n".join(describe(name, wall, rc, summary)))
+
+    swept_s, swept = results["cupy_sweep_neighbors"]
+    unsafe = (swept.get("gpu") or {}).get("capture_unsafe", [])
+    checks = {
+        "every test classified": len(swept["tests"]) >= plain_tests > 0,
+        "breaking calls named": bool(unsafe) and all(t["breaks"] for t in unsafe),
+        "no capture-unsafe without --neighbors": (
+            results["cupy_sweep_plain"][1]["counts"].get("capture-unsafe", 0) == 0
+        ),
+        f"ratio <= {args.limit:g}": swept_s / plain_s <= args.limit,
+    }
+    for check, ok in checks.items():
+        print(f"{'ok  ' if ok else 'FAIL'} {check}")
+    print(f"ratio sweep --neighbors 2 / plain pytest: {swept_s / plain_s:.1f} "
+          f"({swept_s:.1f} s / {plain_s:.1f} s)")  # fmt: skip
+    return 0 if all(checks.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,296 @@
+"""The sweep's capture-safety part: the `capture-unsafe` evidence, its isolation reruns and
+the hazard attribution, for a sweep run with `--neighbors`.
+
+A test is capture-unsafe when it failed with a capture error (harness.capture_errors)
+in some process that had neighbour threads, and passed in every process without
+them (at least one). The sweep gets that control evidence itself: isolation
+reruns alternate without and with neighbours. Such a failure is caused by the
+neighbours, not by another test, so capture-unsafe tests never go to a polluter
+or state-setter search; instead each goes to attribution (harness.attribution).
+
+Process counts are what a GPU suite's sweep costs (each pytest process imports the
+framework and initializes CUDA), so the reruns of the tests that failed with a
+capture error are batched: one process runs all of them, in a seeded order, per
+isolation rerun. The evidence rule allows it: a pass without neighbours is a pass
+whatever else ran in the process, and a test whose control run fails there gets
+the ordinary alone reruns. Attribution processes likewise run all undecided
+tests at once, and the processes of one step run in parallel up to --workers.
+"""
+
+from __future__ import annotations
+
+import shlex
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from . import attribution as attr
+from . import neighbors as nb
+from . import order
+from .classify import Attempt, attempts
+
+CAPTURE_SIGNAL = "capture-invalidated"
+NEIGHBOR_CALLS_OPTION = "--capsafe-neighbor-calls"
+
+
+class NeighborsDidNotStart(Exception):
+    """Neighbour threads could not start in a test process: the sweep stops (exit 2)."""
+
+
+class Host(Protocol):
+    """What the capture phases need from the sweep that runs them."""
+
+    def batch(
+        self, tests: Sequence[str], *, neighbors: bool, calls: Sequence[str], seed: int | None,
+        kind: str,
+    ) -> dict[tuple[str, str], Attempt]: ...  # fmt: skip
+
+    def parallel(self, desc: str, jobs: Sequence[Any], work: Any) -> Iterable[Any]: ...
+
+
+@dataclass
+class CaptureEvidence:
+    """One test's runs split by neighbours: capture failures with, and the control without.
+
+    Control runs alone decide. A batched control run is evidence only when it passed; one
+    that failed sends the test to alone reruns, and from then on only those decide.
+    """
+
+    neighbor_runs: int = 0
+    capture_failures: int = 0
+    control_runs: int = 0  # alone, without neighbours
+    control_failures: int = 0
+    batch_control_passes: int = 0
+    batch_control_failures: int = 0
+
+    @property
+    def suspect(self) -> bool:
+        return self.capture_failures > 0
+
+    @property
+    def capture_unsafe(self) -> bool:
+        if not self.suspect or self.control_failures:
+            return False
+        if self.batch_control_failures:
+            return self.control_runs > 0
+        return self.control_runs + self.batch_control_passes > 0
+
+
+def capture_failure(attempt: Attempt) -> bool:
+    return attempt.failed and CAPTURE_SIGNAL in attempt.signals
+
+
+class CapturePhases:
+    """The capture evidence of one sweep, the batched reruns and the attribution."""
+
+    def __init__(self, neighbors: int, calls: Sequence[str] = ()) -> None:
+        self.neighbors = neighbors
+        self.calls = tuple(calls) or (nb.issued_calls() if neighbors else ())
+        self.evidence: dict[str, CaptureEvidence] = {}
+        self.attributions: dict[str, attr.Attribution] = {}
+        self.attribution_processes = 0
+        self._lock = threading.Lock()
+
+    def _of(self, nodeid: str) -> CaptureEvidence:
+        return self.evidence.setdefault(nodeid, CaptureEvidence())
+
+    def saw(self, attempt: Attempt, *, neighbors: bool, batched: bool = False) -> None:
+        """Count one attempt, from a process with or without neighbour threads."""
+        self._count(attempt.nodeid, attempt.failed, attempt.signals, neighbors, batched)
+
+    def _count(
+        self, nodeid: str, failed: bool, signals: Iterable[str], neighbors: bool, batched: bool
+    ) -> None:
+        with self._lock:
+            ev = self._of(nodeid)
+            if neighbors:
+                ev.neighbor_runs += 1
+                ev.capture_failures += failed and CAPTURE_SIGNAL in signals
+            elif batched:
+                ev.batch_control_passes += not failed
+                ev.batch_control_failures += failed
+            else:
+                ev.control_runs += 1
+                ev.control_failures += failed
+
+    def capture_unsafe(self, nodeid: str) -> bool:
+        found = self.evidence.get(nodeid)
+        return found is not None and found.capture_unsafe
+
+    # -- isolation --------------------------------------------------------------
+    @staticmethod
+    def rerun_with_neighbors(k: int) -> bool:
+        """Isolation rerun k (0-based) alternates: without neighbours first (the control)."""
+        return k % 2 == 1
+
+    def alone_args(self) -> list[tuple[str, ...]]:
+        """Extra pytest options of alone rerun k, by k modulo their count."""
+        if not self.neighbors:
+            return [()]
+        return [neighbor_args(self.rerun_with_neighbors(k)) for k in range(2)]
+
+    def saw_alone(self, nodeid: str, failed: bool, signals: Iterable[str], rerun: int) -> None:
+        """Count one alone rerun (its index says whether it had neighbours)."""
+        if self.neighbors:
+            self._count(nodeid, failed, signals, self.rerun_with_neighbors(rerun), False)
+
+    def isolate(
+        self, host: Host, failing: Sequence[str], runs: int, seeds: Sequence[int]
+    ) -> list[str]:
+        """Batched reruns of the failing tests that failed with a capture error (`runs`
+        processes over all of them); returns the tests that still need alone reruns."""
+        suspects = [n for n in failing if self.neighbors and self._of(n).suspect]
+        if not suspects:
+            return list(failing)
+
+        def batch(k: int, _: int) -> tuple[bool, dict[tuple[str, str], Attempt]]:
+            with_neighbors = self.rerun_with_neighbors(k)
+            found = host.batch(
+                suspects, neighbors=with_neighbors, calls=(), seed=seeds[k], kind="batch"
+            )
+            return with_neighbors, found
+
+        for with_neighbors, found in host.parallel("batched reruns", list(range(runs)), batch):
+            for attempt in found.values():
+                if attempt.nodeid in suspects:
+                    self.saw(attempt, neighbors=with_neighbors, batched=True)
+        return [n for n in failing if not self.capture_unsafe(n)]
+
+    # -- attribution ------------------------------------------------------------
+    def attribute(self, host: Host, seed: int | None) -> None:
+        """Which neighbour call kinds break each capture-unsafe test."""
+        tests = sorted(n for n, ev in self.evidence.items() if ev.capture_unsafe)
+        if not tests:
+            return
+
+        def one(job: attr.Job, _: int) -> tuple[attr.Subset, attr.Outcomes]:
+            kinds, targets = job
+            found = host.batch(targets, neighbors=True, calls=kinds, seed=seed, kind="attrib")
+            outcomes: attr.Outcomes = dict.fromkeys(targets)
+            for attempt in found.values():
+                if attempt.nodeid in outcomes:
+                    outcomes[attempt.nodeid] = (
+                        True if capture_failure(attempt) else False if not attempt.failed else None
+                    )
+            return kinds, outcomes
+
+        def run_round(jobs: list[attr.Job]) -> Iterable[tuple[attr.Subset, attr.Outcomes]]:
+            return host.parallel("attribution", jobs, one)
+
+        self.attributions, self.attribution_processes = attr.attribute(tests, self.calls, run_round)
+
+    # -- reporting --------------------------------------------------------------
+    def why(self, nodeid: str) -> str:
+        """The evidence of a capture-unsafe verdict, in words."""
+        ev = self._of(nodeid)
+        control = ev.control_runs + ev.batch_control_passes + ev.batch_control_failures
+        passed = control - ev.control_failures - ev.batch_control_failures
+        text = (
+            f"failed with a capture error in {ev.capture_failures} of {ev.neighbor_runs} runs "
+            f"with neighbour threads; passed {passed} of {control} without them"
+        )
+        found = self.attributions.get(nodeid)
+        return f"{text}; {attr.describe(found)}" if found else text
+
+    def test_fields(self, nodeid: str, replay: str) -> dict[str, Any]:
+        """What summary.json's row of a capture-unsafe test adds: evidence, attribution,
+        advice, and the replay line with neighbours limited to the breaking kinds."""
+        ev = self._of(nodeid)
+        found = self.attributions.get(nodeid, attr.Attribution(undecided=list(self.calls)))
+        breaking = found.breaks or list(self.calls)
+        return {
+            "neighbor_runs": ev.neighbor_runs,
+            "capture_failures": ev.capture_failures,
+            "control_runs": ev.control_runs + ev.batch_control_passes + ev.batch_control_failures,
+            "control_failures": ev.control_failures + ev.batch_control_failures,
+            **found.to_dict(),
+            "verdict": attr.describe(found),
+            "advice": attr.advice(found),
+            "replay": f"{replay} {NEIGHBOR_CALLS_OPTION}={shlex.quote(','.join(breaking))}",
+        }
+
+
+def neighbor_args(with_neighbors: bool, calls: Sequence[str] = ()) -> tuple[str, ...]:
+    """Extra plugin options for one process: neighbours off, or limited to `calls` kinds
+    (later options win, so these override the sweep's own --capsafe-neighbors)."""
+    if not with_neighbors:
+        return ("--capsafe-neighbors=0",)
+    return (f"{NEIGHBOR_CALLS_OPTION}={','.join(calls)}",) if calls else ()
+
+
+class SweepHost:
+    """The `Host` the capture phases use, over a `harness.sweep.Sweep`."""
+
+    def __init__(self, sweep: Any) -> None:
+        self.sweep = sweep
+
+    def batch(
+        self, tests: Sequence[str], *, neighbors: bool, calls: Sequence[str], seed: int | None,
+        kind: str,
+    ) -> dict[tuple[str, str], Attempt]:  # fmt: skip
+        """Run `tests` in this order in one fresh process (no xdist); their attempts."""
+        s = self.sweep
+        if s.runner.stopping.is_set():
+            raise KeyboardInterrupt
+        label = s._label(kind)
+        replay_file = s.raw / "replays" / f"{label}.txt"
+        order.write_replay(replay_file, list(tests))
+        cmd = s.runner.pytest_command(
+            s.runner.replay_targets(tests), s.raw / label, label, seed=seed, workers=0,
+            replay_file=replay_file, extra=neighbor_args(neighbors, calls),
+        )  # fmt: skip
+        result = s.runner.run(label, cmd)
+        s._take(result)
+        return batch_attempts(label, result.rows)
+
+    def parallel(self, desc: str, jobs: Sequence[Any], work: Any) -> list[Any]:
+        """`work(job, i)` for every job on the sweep's pool; the results, as they finished."""
+        results: list[Any] = []
+
+        def one(job: Any, i: int) -> list[Any]:
+            results.append(work(job, i))
+            return []
+
+        self.sweep._pool(desc, jobs, one)
+        return results
+
+
+def check_started(records_dir: Path) -> None:
+    """NeighborsDidNotStart with the reason when a process's neighbours could not start."""
+    for status in nb.read_statuses([records_dir]):
+        if status.get("unavailable"):
+            raise NeighborsDidNotStart(
+                f"neighbour threads could not start in the test processes "
+                f"({status['unavailable']}); no verdicts without them"
+            )
+
+
+def neighbor_summary(raw: Path) -> dict[str, Any]:
+    """Every process's neighbour status summed: calls made and driver errors per call kind,
+    processes that had them, and each thread problem (failed or did not stop)."""
+    directories = [p for p in raw.iterdir() if p.is_dir()] if raw.is_dir() else []
+    statuses = nb.read_statuses(directories)
+    steps: dict[str, int] = {}
+    errors: dict[str, int] = {}
+    problems: list[str] = []
+    for status in statuses:
+        for kind, n in status.get("steps", {}).items():
+            steps[kind] = steps.get(kind, 0) + int(n)
+        for kind, n in status.get("driver_errors", {}).items():
+            errors[kind] = errors.get(kind, 0) + int(n)
+        problems += [str(p) for p in status.get("problems", [])]
+    return {
+        "processes": len(statuses),
+        "backend": sorted({str(s.get("backend", "")) for s in statuses} - {""}),
+        "calls": dict(sorted(steps.items())),
+        "driver_errors": dict(sorted(errors.items())),
+        "problems": problems,
+        "unavailable": sorted({str(s["unavailable"]) for s in statuses if s.get("unavailable")}),
+    }
+
+
+def batch_attempts(label: str, rows: Sequence[Any]) -> dict[tuple[str, str], Attempt]:
+    """The attempts of one batch process (its run id is its label)."""
+    return {key: a for key, a in attempts(rows).items() if key[0] == label}
