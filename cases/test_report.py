@@ -7,9 +7,14 @@ import json
 import os
 
 import pytest
-
-from capsafe_harness import history
+from capsafe_harness import history, tables
 from capsafe_harness.report import pairs, render_html, render_markdown, search_bound, write_reports
+
+SUITE = "/home/me/proj/tests"
+
+
+def append(*args, suite=SUITE):
+    return history.append_history(*args, suite=suite)
 
 
 def entry(nodeid, classification="pass", runs=4, failures=0, **kw):
@@ -110,7 +115,7 @@ def test_notes_and_searches_are_shown():
 def test_trend_sparklines_come_from_history(tmp_path):
     path = tmp_path / "history.csv"
     for i, rate in enumerate([0.0, 0.25, 0.5]):
-        history.append_history(path, f"s{i}", f"2026-01-0{i + 1}", [
+        append(path, f"s{i}", f"2026-01-0{i + 1}", [
             history.Verdict("t.py::test_victim", "order-dependent" if rate else "pass", 4,
                             int(rate * 4), rate)])  # fmt: skip
     page = render_html(summary(TESTS), GRID, RUNS, history.read_history(path))
@@ -130,15 +135,15 @@ def test_pairs_and_search_bound():
 def test_history_appends_and_tracks_first_and_last_seen(tmp_path):
     path = tmp_path / "history.csv"
     v = history.Verdict
-    history.append_history(path, "a", "T1", [v("x", "pass", 5, 0, 0.0), v("y", "flaky", 5, 1, 0.2)])
-    history.append_history(path, "b", "T2", [v("x", "flaky", 5, 2, 0.4), v("y", "pass", 5, 0, 0)])
-    rows = history.append_history(path, "c", "T3", [v("x", "pass", 5, 0, 0.0)])
+    append(path, "a", "T1", [v("x", "pass", 5, 0, 0.0), v("y", "flaky", 5, 1, 0.2)])
+    append(path, "b", "T2", [v("x", "flaky", 5, 2, 0.4), v("y", "pass", 5, 0, 0)])
+    rows = append(path, "c", "T3", [v("x", "pass", 5, 0, 0.0)])
     assert len(rows) == 5 and len(history.read_history(path)) == 5
     last_x = [r for r in rows if r["nodeid"] == "x"][-1]
     assert (last_x["first_seen"], last_x["last_seen"]) == ("T2", "T2")
     last_y = [r for r in rows if r["nodeid"] == "y"][-1]
     assert (last_y["first_seen"], last_y["last_seen"]) == ("T1", "T1")
-    assert history.trends(rows)["x"] == [0.0, 0.4, 0.0]
+    assert tables.trends(rows)["x"] == [0.0, 0.4, 0.0]
     with open(path) as f:
         assert f.readline().strip().split(",") == list(history.COLUMNS)
 
@@ -168,16 +173,16 @@ def test_latest_falls_back_to_a_text_file(tmp_path, monkeypatch):
 def test_trends_skip_unreadable_rates(tmp_path, bad):
     path = tmp_path / "history.csv"
     path.write_text(bad)
-    assert history.trends(history.read_history(path)) == {}
+    assert tables.trends(history.read_history(path)) == {}
 
 
 def test_history_row_cut_short_is_dropped_and_the_next_sweep_starts_a_new_line(tmp_path):
     path = tmp_path / "history.csv"
     v = history.Verdict
-    history.append_history(path, "a", "T1", [v("x", "flaky", 5, 1, 0.2)])
+    append(path, "a", "T1", [v("x", "flaky", 5, 1, 0.2)])
     with open(path, "a") as f:
         f.write("b,T2,x,fla")  # a writer killed mid-row
-    rows = history.append_history(path, "c", "T3", [v("x", "pass", 5, 0, 0.0)])
+    rows = append(path, "c", "T3", [v("x", "pass", 5, 0, 0.0)])
     assert [r["sweep_id"] for r in rows] == ["a", "c"]
     assert [r["sweep_id"] for r in history.read_history(path)] == ["a", "c"]
 
@@ -189,7 +194,7 @@ def test_history_that_is_not_a_history_file_is_refused_untouched_and_set_aside(t
     path = tmp_path / "history.csv"
     path.write_bytes(content)
     with pytest.raises(history.HistoryError, match=r"history\.csv"):
-        history.append_history(path, "a", "T1", [history.Verdict("x", "pass", 1, 0, 0.0)])
+        append(path, "a", "T1", [history.Verdict("x", "pass", 1, 0, 0.0)])
     assert path.read_bytes() == content
     aside = history.set_aside(path)
     assert aside.read_bytes() == content and not path.exists()
@@ -212,3 +217,142 @@ def test_latest_that_is_a_file_becomes_the_link(tmp_path):
     out.mkdir()
     (tmp_path / "latest").write_text("stale\n")
     assert history.point_latest(out).resolve() == out.resolve()
+
+
+# ---------------------------------------------------------------- problem 10: what a person reads
+
+
+def rec(nodeid, phase, outcome, run="run-1", message="", details="", time=1.0, **kw):
+    return {"nodeid": nodeid, "phase": phase, "outcome": outcome, "duration": 0.1,
+            "run_id": run, "seed": 1, "worker": "gw0", "index": 0, "pid": 1, "signals": [],
+            "message": message, "details": details, "start": time - 0.1, "stop": time,
+            "time": time, **kw}  # fmt: skip
+
+
+def phases(nodeid, call="passed", run="run-1", message="", details="", setup="passed", **kw):
+    return [rec(nodeid, "setup", setup, run, message if setup != "passed" else "", details),
+            rec(nodeid, "call", call, run, message if call != "passed" else "", details),
+            rec(nodeid, "teardown", "passed", run, **kw)]  # fmt: skip
+
+
+TRACEBACK = "def test_boom():\n>       assert compute() == 3\nE       assert 2 == 3\n" + "x\n" * 50
+REPORT_ROWS = [
+    *phases("t.py::test_boom[<b>]", "failed", message="assert 2 == 3\n+  where 2 = compute()",
+            details=TRACEBACK),
+    *phases("t.py::test_boom[<b>]", "failed", run="run-2", message="an older failure",
+            details="older", ),
+    *phases("t.py::test_skip", setup="skipped", call="passed", message="Skipped: needs a GPU"),
+    *phases("t.py::test_known", "xfailed", message="AssertionError: known bug #12"),
+    *phases("t.py::test_fixed", "xpassed", message="expected to fail (fixed upstream?)"),
+    *phases("t.py::test_ok", signals=["env-leak"],
+            env_leak={"CUDA_VISIBLE_DEVICES": ["0", "1"], "CAPSAFE_X": [None, "on"]}),
+]  # fmt: skip
+REPORT_TESTS = [
+    entry("t.py::test_ok", signals=["env-leak"]),
+    entry("t.py::test_boom[<b>]", "fail", failures=4, isolation_runs=3, isolation_failures=3,
+          replay="r"),
+    entry("t.py::test_skip"),
+    entry("t.py::test_known"),
+    entry("t.py::test_fixed"),
+]  # fmt: skip
+
+
+def test_outcomes_by_test_folds_attempts_and_keeps_the_latest_message():
+    rows = [*REPORT_ROWS, *phases("t.py::test_boom[<b>]", "passed", run="run-0")]
+    found = tables.outcomes_by_test(rows)
+    assert found.loc["t.py::test_boom[<b>]", "outcome"] == "failed"
+    assert found.loc["t.py::test_boom[<b>]", "outcomes"] == {"failed": 2, "passed": 1}
+    assert found.loc["t.py::test_boom[<b>]", "message"] == "an older failure"  # latest by time
+    assert found.loc["t.py::test_skip", "outcome"] == "skipped"
+    assert found.loc["t.py::test_skip", "message"] == "Skipped: needs a GPU"
+    assert found.loc["t.py::test_known", "outcome"] == "xfailed"
+    assert found.loc["t.py::test_fixed", "outcome"] == "xpassed"
+    assert found.loc["t.py::test_ok", "outcome"] == "passed"
+    assert sorted(found.loc["t.py::test_ok", "env_leaks"]) == [
+        ["CAPSAFE_X", None, "on"], ["CUDA_VISIBLE_DEVICES", "0", "1"]]  # fmt: skip
+    assert tables.outcomes_by_test([]).empty
+
+
+def report_files(tmp_path):
+    rows = [r for r in REPORT_ROWS if r["run_id"] == "run-1"]
+    write_reports(tmp_path, summary(REPORT_TESTS), rows, {}, ["run-1"], [])
+    return (tmp_path / "report.md").read_text(), (tmp_path / "report.html").read_text()
+
+
+def test_reports_show_every_failure_message_first_lines_and_full_output_folded(tmp_path):
+    md, page = report_files(tmp_path)
+    assert "### `t.py::test_boom[<b>]` (fail)" in md
+    assert "```text\nassert 2 == 3\n+  where 2 = compute()\n```" in md
+    assert "<details><summary>full output</summary>" in md and "E       assert 2 == 3" in md
+    assert '<pre class="msg">assert 2 == 3\n+  where 2 = compute()</pre>' in page
+    assert '<details class="full"><summary>full output</summary><pre>def test_boom():' in page
+    assert "&lt;b&gt;" in page and "<b>]" not in page  # node ids and output escaped
+
+
+def test_reports_show_skipped_xfailed_xpassed_as_their_own_outcomes(tmp_path):
+    md, page = report_files(tmp_path)
+    assert "Outcomes of the tests classed pass: passed 1 · skipped 1 · xfailed 1 · xpassed 1" in md
+    assert "| `t.py::test_skip` | skipped | skipped 1 | Skipped: needs a GPU |" in md
+    assert "| `t.py::test_known` | xfailed | xfailed 1 | AssertionError: known bug #12 |" in md
+    assert "| `t.py::test_fixed` | xpassed |" in md
+    assert "<h2>Skipped, xfailed and xpassed</h2>" in page
+    for outcome in ("skipped", "xfailed", "xpassed"):
+        assert f"{outcome}</span>" in page
+    assert "Skipped: needs a GPU" in page and "known bug #12" in page
+    with open(tmp_path / "tests.csv", newline="") as f:
+        outcome = {r["nodeid"]: r["outcome"] for r in csv.DictReader(f)}
+    assert outcome == {"t.py::test_ok": "passed", "t.py::test_boom[<b>]": "failed",
+                       "t.py::test_skip": "skipped", "t.py::test_known": "xfailed",
+                       "t.py::test_fixed": "xpassed"}  # fmt: skip
+
+
+def test_reports_show_env_leaks_of_passing_tests_with_both_values(tmp_path):
+    md, page = report_files(tmp_path)
+    assert "| `t.py::test_ok` | pass | `CUDA_VISIBLE_DEVICES` | `0` | `1` |" in md
+    assert "| `t.py::test_ok` | pass | `CAPSAFE_X` | unset | `on` |" in md
+    assert "<h2>Environment left changed</h2>" in page
+    assert "<td><code>CUDA_VISIBLE_DEVICES</code></td><td><code>0</code></td>" in page
+    with open(tmp_path / "tests.csv", newline="") as f:
+        leaks = {r["nodeid"]: r["env_leaks"] for r in csv.DictReader(f)}
+    assert leaks["t.py::test_ok"] == "CAPSAFE_X: unset -> 'on';CUDA_VISIBLE_DEVICES: '0' -> '1'"
+
+
+def test_a_message_with_backtick_fences_stays_inside_its_block():
+    t = entry("t.py::t", "fail", failures=4, replay="r", message="```\nnot the end")
+    md = render_markdown(summary([t]))
+    assert "````text\n```\nnot the end\n````" in md
+
+
+# ---------------------------------------------------------------- problem 11: history per suite
+
+
+def test_history_is_keyed_by_suite_so_siblings_sharing_a_reports_dir_keep_their_own_trend(
+    tmp_path,
+):
+    path = tmp_path / "history.csv"
+    v = history.Verdict
+    append(path, "a1", "T1", [v("tests/test_x.py::t", "flaky", 4, 1, 0.25)], suite="/p/a")
+    append(path, "b1", "T2", [v("tests/test_x.py::t", "pass", 4, 0, 0.0)], suite="/p/b")
+    rows_b = append(path, "b2", "T3", [v("tests/test_x.py::t", "pass", 4, 0, 0.0)], suite="/p/b")
+    assert [r["sweep_id"] for r in rows_b] == ["b1", "b2"]
+    assert tables.trends(rows_b) == {"tests/test_x.py::t": [0.0, 0.0]}
+    assert rows_b[-1]["first_seen"] == ""  # suite a's failure is not suite b's
+    rows_a = append(path, "a2", "T4", [v("tests/test_x.py::t", "pass", 4, 0, 0.0)], suite="/p/a")
+    assert [r["sweep_id"] for r in rows_a] == ["a1", "a2"]
+    assert (rows_a[-1]["first_seen"], rows_a[-1]["last_seen"]) == ("T1", "T1")
+    assert tables.not_passing_per_sweep(rows_a) == [1, 0]
+    assert len(history.read_history(path)) == 4
+
+
+def test_history_of_the_older_format_is_kept_with_an_unknown_suite(tmp_path):
+    path = tmp_path / "history.csv"
+    path.write_text(",".join(history.OLDER_COLUMNS) + "\nold,T0,x,flaky,4,1,0.25,T0,T0\n")
+    rows = append(path, "new", "T1", [history.Verdict("x", "pass", 4, 0, 0.0)], suite="/p")
+    assert [r["sweep_id"] for r in rows] == ["new"]
+    kept = history.read_history(path)
+    assert [(r["suite"], r["sweep_id"]) for r in kept] == [("", "old"), ("/p", "new")]
+
+
+def test_suite_key_is_the_absolute_paths_swept(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert history.suite_key(["b", "a"]) == f"{tmp_path / 'a'} {tmp_path / 'b'}"

@@ -1,9 +1,12 @@
 """Sweep-over-sweep memory: history.csv beside the report directories, and `latest`.
 
-One row per test per sweep. `first_seen` / `last_seen` are the timestamps of
-the first and the latest sweep in which the test was not `pass`, carried
-forward on every row, so the newest row alone answers "since when, and is it
-still happening?" the way a hosted flake tracker would.
+One row per test per sweep, keyed by suite: sibling projects whose sweeps share
+a reports directory share the file, never a trend. `first_seen` / `last_seen`
+are the timestamps of the first and the latest sweep of that suite in which the
+test was not `pass`, carried forward on every row, so the newest row alone
+answers "since when, and is it still happening?" the way a hosted flake tracker
+would. The file handling (lock, torn rows, the older format without `suite`) is
+here; the aggregation is pandas, in harness.tables.
 """
 
 from __future__ import annotations
@@ -17,19 +20,12 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from . import tables
+
 HISTORY_FILE = "history.csv"
 LATEST = "latest"
-COLUMNS = (
-    "sweep_id",
-    "timestamp",
-    "nodeid",
-    "classification",
-    "runs",
-    "failures",
-    "flake_rate",
-    "first_seen",
-    "last_seen",
-)
+COLUMNS = tables.HISTORY_COLUMNS
+OLDER_COLUMNS = COLUMNS[1:]  # before `suite`: such a file is rewritten with suite ""
 
 
 @dataclass(frozen=True)
@@ -64,12 +60,22 @@ def read_history(path: str | os.PathLike[str]) -> list[dict[str, str]]:
     return [row for row in rows if None not in row.values()]
 
 
+def suite_key(paths: Iterable[str | os.PathLike[str]]) -> str:
+    """What names a suite in history.csv: the absolute paths it was swept with."""
+    return " ".join(sorted(str(Path(p).resolve()) for p in paths))
+
+
 def append_history(
-    path: str | os.PathLike[str], sweep_id: str, timestamp: str, verdicts: Iterable[Verdict]
+    path: str | os.PathLike[str],
+    sweep_id: str,
+    timestamp: str,
+    verdicts: Iterable[Verdict],
+    *,
+    suite: str,
 ) -> list[dict[str, str]]:
     """Append this sweep's rows (under a file lock: two sweeps may share a reports dir).
 
-    Returns the whole history including the new rows. HistoryError, with the
+    Returns this suite's history including the new rows. HistoryError, with the
     file untouched, when it exists and is not a history file (see `set_aside`).
     """
     path = Path(path)
@@ -77,30 +83,12 @@ def append_history(
     with FileLock(str(path.parent / f".{path.name}.lock")):
         old = read_history(path)
         header = _header(path)
-        if header is not None and header != list(COLUMNS):
+        if header == list(OLDER_COLUMNS):
+            _rewrite(path, old)
+            header = list(COLUMNS)
+        elif header is not None and header != list(COLUMNS):
             raise HistoryError(f"{path} has columns {','.join(header)}, not {','.join(COLUMNS)}")
-        seen: dict[str, tuple[str, str]] = {}
-        for row in old:
-            if row.get("first_seen"):
-                seen[row["nodeid"]] = (row["first_seen"], row["last_seen"])
-        new = []
-        for v in verdicts:
-            first, last = seen.get(v.nodeid, ("", ""))
-            if v.classification != "pass":
-                first, last = first or timestamp, timestamp
-            new.append(
-                {
-                    "sweep_id": sweep_id,
-                    "timestamp": timestamp,
-                    "nodeid": v.nodeid,
-                    "classification": v.classification,
-                    "runs": str(v.runs),
-                    "failures": str(v.failures),
-                    "flake_rate": f"{v.flake_rate:.6g}",
-                    "first_seen": first,
-                    "last_seen": last,
-                }
-            )
+        new = tables.new_history_rows(old, suite, sweep_id, timestamp, verdicts)
         with open(path, "a", newline="", encoding="utf-8") as f:
             writer = csv.DictWriter(f, fieldnames=COLUMNS)
             if header is None:
@@ -108,7 +96,17 @@ def append_history(
             elif not _ends_with_newline(path):
                 f.write("\n")  # a row cut short by a killed writer stays on its own line
             writer.writerows(new)
-    return old + new
+    return tables.of_suite(old + new, suite)
+
+
+def _rewrite(path: Path, rows: list[dict[str, str]]) -> None:
+    """Rewrite a file of the older format with the `suite` column (empty: suite unknown)."""
+    staging = path.with_name(f".{path.name}.{os.getpid()}")
+    with open(staging, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows({"suite": "", **row} for row in rows)
+    os.replace(staging, path)
 
 
 def _header(path: Path) -> list[str] | None:
@@ -135,18 +133,6 @@ def set_aside(path: str | os.PathLike[str]) -> Path:
         aside = path.with_name(f"{stem}-{n}")
     path.rename(aside)
     return aside
-
-
-def trends(history: Iterable[dict[str, str]], limit: int = 20) -> dict[str, list[float]]:
-    """Per test, its flake rate in each of the last `limit` sweeps, oldest first."""
-    series: dict[str, list[float]] = {}
-    for row in history:
-        try:
-            rate = float(row["flake_rate"])
-        except (KeyError, ValueError):
-            continue
-        series.setdefault(row["nodeid"], []).append(rate)
-    return {nodeid: rates[-limit:] for nodeid, rates in series.items()}
 
 
 def point_latest(out: str | os.PathLike[str]) -> Path:

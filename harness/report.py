@@ -3,8 +3,11 @@
 report.html is one self-contained file (inline CSS and SVG, no script, no CDN),
 so it opens from a CI artifact or a mail attachment with no network. It leads
 with what needs a person: the verdict, then the tests worst first with their
-flake rate and 95 % interval, the cause found for each, the run-by-test heat
-map, the polluter -> victim pairs, the searches and the trend across sweeps.
+flake rate and 95 % interval, the cause found for each and its failure message
+(first lines, the whole output in a fold), the run-by-test heat map, the tests
+that were skipped, xfailed or xpassed, the environment variables tests left
+changed, the polluter -> victim pairs, the searches and the trend across sweeps.
+The per-test table behind all of it is built in harness.tables (pandas).
 """
 
 from __future__ import annotations
@@ -13,12 +16,13 @@ import html
 import json
 import math
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import tables
 from .classify import CLASSES, severity
-from .history import trends
 from .records import Record, to_json
 
 CELL_LABELS = {
@@ -42,6 +46,8 @@ COLOURS = {
     "flaky": "#d4a72c",
     "pass": "#2da44e",
 }
+OUTCOME_COLOURS = {"skipped": "#6e7781", "xfailed": "#9a6700", "xpassed": "#bf3989"}
+"""Outcomes a test classed `pass` can have besides passed, shown as their own."""
 DESCRIPTIONS = {
     "error": "could not be collected",
     "parallel-unsafe": "fails only beside other workers",
@@ -62,48 +68,48 @@ def write_reports(
     run_ids: Sequence[str],
     history: Sequence[Mapping[str, str]],
 ) -> None:
-    """Write every report file into `out`."""
+    """Write every report file into `out` (`history`: this suite's rows of history.csv)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    rows = list(rows)
     with open(out / "records.jsonl", "w", encoding="utf-8") as f:
         for row in rows:
             f.write(to_json(row) + "\n")
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    write_tests_csv(out / "tests.csv", summary["tests"])
-    (out / "report.md").write_text(render_markdown(summary), encoding="utf-8")
-    (out / "report.html").write_text(render_html(summary, grid, run_ids, history), encoding="utf-8")
+    tests = tables.per_test_table(summary["tests"], tables.outcomes_by_test(rows))
+    tables.write_tests_csv(out / "tests.csv", tests)
+    (out / "report.md").write_text(render_markdown(summary, tests), encoding="utf-8")
+    page = render_html(summary, grid, run_ids, history, tests)
+    (out / "report.html").write_text(page, encoding="utf-8")
 
 
-def write_tests_csv(path: str | os.PathLike[str], tests: Sequence[Mapping[str, Any]]) -> None:
-    """One row per test; lists joined with ';' so the file stays one table."""
-    import pandas as pd
+def _per_test(
+    summary: Mapping[str, Any], tests: Sequence[Mapping[str, Any]] | None
+) -> list[Mapping[str, Any]]:
+    """`tests` worst first; without records, the summary's tests with what it says alone."""
+    if tests is None:
+        tests = tables.per_test_table(summary["tests"], tables.outcomes_by_test([]))
+    return worst_first(tests)
 
-    frame = pd.DataFrame(
-        [
-            {
-                "nodeid": t["nodeid"],
-                "classification": t["classification"],
-                "runs": t["runs"],
-                "failures": t["failures"],
-                "flake_rate": t["flake_rate"],
-                "ci_low": t["flake_rate_ci"][0],
-                "ci_high": t["flake_rate_ci"][1],
-                "isolation_runs": t["isolation_runs"],
-                "isolation_failures": t["isolation_failures"],
-                "polluters": ";".join(t["polluters"]),
-                "state_setters": ";".join(t["state_setters"]),
-                "signals": ";".join(t["signals"]),
-                "replay": t["replay"],
-            }
-            for t in tests
-        ],
-        columns=[
-            "nodeid", "classification", "runs", "failures", "flake_rate", "ci_low", "ci_high",
-            "isolation_runs", "isolation_failures", "polluters", "state_setters", "signals",
-            "replay",
-        ],
-    )  # fmt: skip
-    frame.to_csv(path, index=False)
+
+def _other_outcomes(tests: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Tests classed pass whose outcome was skipped, xfailed or xpassed."""
+    return [
+        t for t in tests if t["classification"] == "pass" and t.get("outcome") in OUTCOME_COLOURS
+    ]
+
+
+def _leaky(tests: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [t for t in tests if t.get("env_leaks")]
+
+
+def _outcome_counts(tests: Sequence[Mapping[str, Any]]) -> str:
+    """ "passed 3 · skipped 1" for the tests classed pass, "" when all of them passed."""
+    passing = [t.get("outcome", "passed") for t in tests if t["classification"] == "pass"]
+    if all(o == "passed" for o in passing):
+        return ""
+    shown = ("passed", *OUTCOME_COLOURS)
+    return " · ".join(f"{o} {passing.count(o)}" for o in shown if passing.count(o))
 
 
 def worst_first(tests: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -132,9 +138,11 @@ def search_bound(candidates: int) -> int:
 # ---------------------------------------------------------------- markdown
 
 
-def render_markdown(summary: Mapping[str, Any]) -> str:
-    """A plain-text report for terminals, PR comments and chat."""
-    tests = worst_first(summary["tests"])
+def render_markdown(
+    summary: Mapping[str, Any], tests: Sequence[Mapping[str, Any]] | None = None
+) -> str:
+    """A plain-text report for terminals, PR comments and chat (`tests`: the per-test table)."""
+    tests = _per_test(summary, tests)
     bad = [t for t in tests if t["classification"] != "pass"]
     counts = summary["counts"]
     lines = [
@@ -146,6 +154,10 @@ def render_markdown(summary: Mapping[str, Any]) -> str:
         "|" + "---|" * len(CLASSES),
         "| " + " | ".join(str(counts.get(c, 0)) for c in CLASSES) + " |",
         "",
+    ]
+    if outcomes := _outcome_counts(tests):
+        lines += [f"Outcomes of the tests classed pass: {outcomes}", ""]
+    lines += [
         f"Runs: {summary['runs']} · workers: {summary['workers']} · backend: "
         f"{summary['backend']} · {summary['duration_s']:.1f} s · seeds: "
         + ", ".join(str(s) for s in summary["seeds"]),
@@ -168,10 +180,34 @@ def render_markdown(summary: Mapping[str, Any]) -> str:
                 f"| {t['isolation_failures']}/{t['isolation_runs']} failed "
                 f"| {_md(cause)} | {', '.join(t['signals'])} |"
             )
-        lines += ["", "## Reproduce", ""]
+        lines += ["", "## Failures", ""]
         for t in bad:
-            lines += [f"- `{_md(t['nodeid'])}` ({t['classification']}):", "", "  ```sh",
-                      f"  {t['replay']}", "  ```", ""]  # fmt: skip
+            lines += [f"### `{t['nodeid']}` ({t['classification']})", ""]
+            lines += _md_message(t)
+            lines += [
+                f"- env: {_md(tables.env_leak_text(leak))}" for leak in t.get("env_leaks", [])
+            ]
+            lines += ["", "Reproduce:", "", "```sh", t["replay"], "```", ""]
+    others = _other_outcomes(tests)
+    if others:
+        lines += ["## Skipped, xfailed and xpassed", "",
+                  "| test | outcome | attempts | reason |", "|---|---|---|---|"]  # fmt: skip
+        for t in others:
+            attempts = ", ".join(f"{o} {n}" for o, n in t.get("outcomes", {}).items())
+            reason = " ".join(t.get("message", "").split())
+            lines.append(f"| `{_md(t['nodeid'])}` | {t['outcome']} | {attempts} | {_md(reason)} |")
+        lines.append("")
+    leaky = _leaky(tests)
+    if leaky:
+        lines += ["## Environment left changed", "", "| test | class | variable | before | after |",
+                  "|---|---|---|---|---|"]  # fmt: skip
+        for t in leaky:
+            for variable, before, after in t["env_leaks"]:
+                lines.append(
+                    f"| `{_md(t['nodeid'])}` | {t['classification']} | `{_md(variable)}` "
+                    f"| {_md(_value(before))} | {_md(_value(after))} |"
+                )
+        lines.append("")
     if summary["searches"]:
         lines += ["## Searches", "", "| test | candidates | replays | bound |", "|---|---|---|---|"]
         for s in summary["searches"]:
@@ -185,6 +221,29 @@ def render_markdown(summary: Mapping[str, Any]) -> str:
 
 def _md(text: str) -> str:
     return text.replace("|", "\\|")
+
+
+def _md_message(test: Mapping[str, Any]) -> list[str]:
+    """The failure's first lines in a code block, the whole output folded below it."""
+    message, details = test.get("message", ""), test.get("details", "")
+    if not message:
+        return ["(no failure message recorded)", ""]
+    lines = [*_fenced(message), ""]
+    if details and details.strip() != message.strip():
+        lines += ["<details><summary>full output</summary>", "", *_fenced(details), "",
+                  "</details>", ""]  # fmt: skip
+    return lines
+
+
+def _fenced(text: str) -> list[str]:
+    """`text` in a code fence longer than any run of backticks inside it."""
+    longest = max((len(run) for run in re.findall("`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [fence + "text", text.rstrip("\n"), fence]
+
+
+def _value(value: str | None) -> str:
+    return "unset" if value is None else f"`{value}`"
 
 
 def _cause_text(test: Mapping[str, Any]) -> str:
@@ -215,16 +274,19 @@ def render_html(
     grid: Mapping[str, Sequence[str]],
     run_ids: Sequence[str],
     history: Sequence[Mapping[str, str]],
+    tests: Sequence[Mapping[str, Any]] | None = None,
 ) -> str:
-    """The whole report page as one string."""
-    tests = worst_first(summary["tests"])
+    """The whole report page as one string (`tests`: the per-test table)."""
+    tests = _per_test(summary, tests)
     bad = [t for t in tests if t["classification"] != "pass"]
-    series = trends(history)
+    series = tables.trends(history)
     body = [
-        _header(summary, len(tests), len(bad), history),
+        _header(summary, tests, len(bad), history),
         _notes(summary.get("notes", [])),
         _table(tests, series),
         _heatmap(tests, grid, run_ids),
+        _other_outcomes_section(tests),
+        _leaks_section(tests),
         _pairs(tests),
         _searches(summary["searches"]),
         _FOOTER,
@@ -232,7 +294,13 @@ def render_html(
     return _PAGE.format(css=_CSS, body="\n".join(part for part in body if part))
 
 
-def _header(summary, total: int, bad: int, history) -> str:
+def _header(
+    summary: Mapping[str, Any],
+    tests: Sequence[Mapping[str, Any]],
+    bad: int,
+    history: Sequence[Mapping[str, str]],
+) -> str:
+    total = len(tests)
     tone = "ok" if bad == 0 else "bad"
     cards = "".join(
         f'<div class="card" style="--c:{COLOURS[c]}"><div class="n">{summary["counts"].get(c, 0)}'
@@ -247,21 +315,21 @@ def _header(summary, total: int, bad: int, history) -> str:
         f'<span title="seeds of the runs">seeds {_e(seeds)}</span>'
     )
     trend = _sweep_trend(history)
+    outcomes = _outcome_counts(tests)
+    outcome_line = (
+        f'<p class="muted">Outcomes of the tests classed pass: {_e(outcomes)}</p>'
+        if outcomes
+        else ""
+    )
     return (
         f'<header><h1>capsafe sweep</h1><div class="meta">{meta}</div>'
         f'<div class="verdict {tone}">{_e(_verdict(total, bad))}{trend}</div>'
-        f'<div class="cards">{cards}</div></header>'
+        f'<div class="cards">{cards}</div>{outcome_line}</header>'
     )
 
 
 def _sweep_trend(history: Sequence[Mapping[str, str]]) -> str:
-    per_sweep: dict[str, int] = {}
-    for row in history:
-        sweep = row.get("sweep_id") or ""
-        per_sweep.setdefault(sweep, 0)
-        if row.get("classification", "pass") != "pass":
-            per_sweep[sweep] += 1
-    counts = list(per_sweep.values())[-30:]
+    counts = tables.not_passing_per_sweep(history)
     if len(counts) < 2:
         return ""
     top = max(counts) or 1
@@ -276,7 +344,7 @@ def _notes(notes: Sequence[str]) -> str:
     return "".join(f'<div class="note">{_e(n)}</div>' for n in notes)
 
 
-def _table(tests, series: Mapping[str, list[float]]) -> str:
+def _table(tests: Sequence[Mapping[str, Any]], series: Mapping[str, list[float]]) -> str:
     bad = [t for t in tests if t["classification"] != "pass"]
     good = [t for t in tests if t["classification"] == "pass"]
     head = (
@@ -299,7 +367,7 @@ def _table(tests, series: Mapping[str, list[float]]) -> str:
     return section + "</section>"
 
 
-def _row(t, rates: list[float]) -> str:
+def _row(t: Mapping[str, Any], rates: list[float]) -> str:
     lo, hi = t["flake_rate_ci"]
     cls = t["classification"]
     alone = (
@@ -315,14 +383,21 @@ def _row(t, rates: list[float]) -> str:
             f"<code>{_e(s)}</code>" for s in t["state_setters"]
         )
     signals = "".join(f'<span class="sig">{_e(s)}</span>' for s in t["signals"])
+    leaks = "".join(_leak_line(leak) for leak in t.get("env_leaks", []))
+    outcome = t.get("outcome", "")
+    outcome_pill = (
+        f' <span class="pill" style="--c:{OUTCOME_COLOURS[outcome]}">{outcome}</span>'
+        if outcome in OUTCOME_COLOURS
+        else ""
+    )
     replay = (
         f"<details class='replay'><summary>replay</summary><code>{_e(t['replay'])}</code></details>"
         if t["replay"]
         else ""
     )
     return (
-        f'<tr><td class="id"><code>{_e(t["nodeid"])}</code>{replay}</td>'
-        f'<td><span class="pill" style="--c:{COLOURS[cls]}">{cls}</span></td>'
+        f'<tr><td class="id"><code>{_e(t["nodeid"])}</code>{_html_message(t)}{leaks}{replay}</td>'
+        f'<td><span class="pill" style="--c:{COLOURS[cls]}">{cls}</span>{outcome_pill}</td>'
         f'<td class="rate">{_rate_bar(t["flake_rate"], lo, hi)}'
         f"<span>{t['failures']}/{t['runs']} · {_pct(t['flake_rate'])} "
         f'<span class="muted">[{_pct(lo)}–{_pct(hi)}]</span></span></td>'
@@ -331,9 +406,76 @@ def _row(t, rates: list[float]) -> str:
     )
 
 
+def _html_message(t: Mapping[str, Any]) -> str:
+    """The first lines of a non-pass test's failure, the whole output in a fold."""
+    message, details = t.get("message", ""), t.get("details", "")
+    if not message or (t["classification"] == "pass" and t.get("outcome") == "passed"):
+        return ""
+    fold = (
+        f'<details class="full"><summary>full output</summary><pre>{_e(details)}</pre></details>'
+        if details and details.strip() != message.strip()
+        else ""
+    )
+    return f'<pre class="msg">{_e(message)}</pre>{fold}'
+
+
+def _leak_line(leak: Sequence[str | None]) -> str:
+    variable, before, after = leak
+    return (
+        f'<div class="leak">env <code>{_e(variable)}</code>: {_html_value(before)} → '
+        f"{_html_value(after)}</div>"
+    )
+
+
+def _html_value(value: str | None) -> str:
+    return '<span class="muted">unset</span>' if value is None else f"<code>{_e(value)}</code>"
+
+
+def _other_outcomes_section(tests: Sequence[Mapping[str, Any]]) -> str:
+    others = _other_outcomes(tests)
+    if not others:
+        return ""
+    rows = "".join(
+        f'<tr><td class="id"><code>{_e(t["nodeid"])}</code></td>'
+        f'<td><span class="pill" style="--c:{OUTCOME_COLOURS[t["outcome"]]}">{t["outcome"]}'
+        f"</span></td><td>{_e(', '.join(f'{o} {n}' for o, n in t.get('outcomes', {}).items()))}"
+        f"</td><td>{_html_message({**t, 'classification': 'skipped'})}</td></tr>"
+        for t in others
+    )
+    return (
+        "<section><h2>Skipped, xfailed and xpassed</h2><p class='muted'>Classed pass (they "
+        "never failed), shown here with their own outcome and reason.</p>"
+        '<table class="tests"><thead><tr><th>test</th><th>outcome</th><th>attempts</th>'
+        f"<th>reason</th></tr></thead><tbody>{rows}</tbody></table></section>"
+    )
+
+
+def _leaks_section(tests: Sequence[Mapping[str, Any]]) -> str:
+    leaky = _leaky(tests)
+    if not leaky:
+        return ""
+    rows = "".join(
+        f'<tr><td class="id"><code>{_e(t["nodeid"])}</code></td>'
+        f'<td><span class="pill" style="--c:{COLOURS[t["classification"]]}">'
+        f"{t['classification']}</span></td><td><code>{_e(variable)}</code></td>"
+        f"<td>{_html_value(before)}</td><td>{_html_value(after)}</td></tr>"
+        for t in leaky
+        for variable, before, after in t["env_leaks"]
+    )
+    return (
+        "<section><h2>Environment left changed</h2><p class='muted'>Watched variables a test "
+        "changed and did not restore (passing tests included).</p>"
+        '<table class="tests"><thead><tr><th>test</th><th>class</th><th>variable</th>'
+        f"<th>before</th><th>after</th></tr></thead><tbody>{rows}</tbody></table></section>"
+    )
+
+
 def _rate_bar(rate: float, lo: float, hi: float, width: int = 110) -> str:
     """The flake rate as a bar, its 95% interval as a whisker over it."""
-    x = lambda v: 1 + v * (width - 2)  # noqa: E731
+
+    def x(value: float) -> float:
+        return 1 + value * (width - 2)
+
     return (
         f'<svg class="bar" width="{width}" height="14" viewBox="0 0 {width} 14" role="img">'
         f'<rect x="1" y="4" width="{width - 2}" height="6" rx="3" fill="#eaeef2"/>'
@@ -368,7 +510,9 @@ def _sparkline(values: Sequence[float], width: int = 84, height: int = 20) -> st
     )
 
 
-def _heatmap(tests, grid: Mapping[str, Sequence[str]], run_ids: Sequence[str]) -> str:
+def _heatmap(
+    tests: Sequence[Mapping[str, Any]], grid: Mapping[str, Sequence[str]], run_ids: Sequence[str]
+) -> str:
     failing = [
         t for t in tests if any(s != "pass" and s != "none" for s in grid.get(t["nodeid"], ()))
     ]
@@ -412,7 +556,7 @@ def _heatmap(tests, grid: Mapping[str, Sequence[str]], run_ids: Sequence[str]) -
     )
 
 
-def _pairs(tests) -> str:
+def _pairs(tests: Sequence[Mapping[str, Any]]) -> str:
     found = pairs(tests)
     if not found:
         return ""
@@ -522,6 +666,14 @@ details>summary{cursor:pointer;color:var(--muted);margin-top:10px}
 .arrow{text-align:center;font-size:22px;color:var(--c)}
 .arrow span{display:block;font-size:11px;color:var(--muted)}
 .plus{margin:0 6px;color:var(--muted)}
+pre.msg{font:12px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;white-space:pre-wrap;
+ overflow-wrap:anywhere;background:#fff5f5;border-left:3px solid #cf222e;padding:6px 8px;
+ margin:6px 0 0;max-width:760px}
+details.full summary{font-size:12px;color:#0969da;cursor:pointer;margin-top:4px}
+details.full pre{font:11px/1.35 ui-monospace,SFMono-Regular,Menlo,monospace;white-space:pre-wrap;
+ overflow-wrap:anywhere;background:var(--bg);padding:6px 8px;border-radius:6px;max-height:480px;
+ overflow:auto;max-width:760px}
+.leak{font-size:12px;margin-top:4px}
 td.okc{color:#1a7f37;font-weight:600}td.badc{color:#cf222e;font-weight:600}
 footer{color:var(--muted);font-size:12px;text-align:center;margin-top:24px}
 """

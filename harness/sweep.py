@@ -625,13 +625,14 @@ class Sweep:
     ) -> list[dict[str, str]]:
         """Append to history.csv; one that is not a history file is set aside, never lost,
         and a history that cannot be written is a note, not a lost report."""
+        suite = history.suite_key(self.options.paths)
         try:
             try:
-                return history.append_history(path, sweep_id, stamp, verdicts)
+                return history.append_history(path, sweep_id, stamp, verdicts, suite=suite)
             except history.HistoryError as exc:
                 aside = history.set_aside(path)
                 self.notes.append(f"{exc}; moved to {aside.name}, history starts afresh")
-                return history.append_history(path, sweep_id, stamp, verdicts)
+                return history.append_history(path, sweep_id, stamp, verdicts, suite=suite)
         except (OSError, history.HistoryError) as exc:
             self.notes.append(f"{path} not updated: {describe_error(exc)}")
             return []
