@@ -10,11 +10,11 @@ import pytest
 
 from capsafe import hazards
 from capsafe.backend import Backend
-from capsafe.backend_sim import SimBackend
 from capsafe.errors import CudaError
 from capsafe.handles import Stream
 from capsafe.hazard_actions import ACTIONS, BREAKING, BY_NAME, ActionKit, HazardAction
 from capsafe.hazard_calls import hazard_call
+from capsafe.sim import SimBackend
 
 
 class Recording:
