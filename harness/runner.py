@@ -34,6 +34,7 @@ from pathlib import Path
 
 from . import classify as cl
 from .collection import COLLECT_OUT_ENV, PLUGIN, Collected, read_collected
+from .optional_plugins import quiet_plugin_args
 from .options import SweepError, SweepOptions
 from .records import Record, load_records
 
@@ -181,6 +182,7 @@ class Runner:
             cmd.append(f"--capsafe-neighbors={o.neighbors}")
         if o.threads > 1:
             cmd.append(f"--parallel-threads={o.threads}")
+        cmd += quiet_plugin_args(o.threads)
         return [*cmd, *extra, "-q", "-p", "no:cacheprovider", *o.pytest_args]
 
     def replay_command(self, replay_file: Path, nodeids: Sequence[str]) -> str:
