@@ -33,8 +33,10 @@ class FakeHost:
             out[(kind, t)] = attempt(t, failed, capture=broke or t == "always", run=kind)
         return out
 
-    def parallel(self, desc, jobs, work):
-        return [work(job, i) for i, job in enumerate(jobs)]
+    def pool(self, desc, jobs, work):
+        queue = list(jobs)
+        while queue:
+            queue += work(queue.pop(0), 0)
 
 
 def phases_after_suite_runs() -> CapturePhases:
@@ -58,11 +60,11 @@ def test_the_evidence_rule():
 
 def test_capture_failures_are_rerun_batched_and_the_rest_alone():
     phases, host = phases_after_suite_runs(), FakeHost()
-    alone = phases.isolate(host, ["always", "cap", "plain"], 3, [1, 2, 3])
+    alone = phases.isolate(host, ["always", "cap", "plain"], 3, [1, 2, 3], seed=5)
     # One process per rerun for both suspects; without, with, without neighbours.
-    assert [(tests, n) for tests, n, _ in host.batches] == [(("always", "cap"), False),
-                                                            (("always", "cap"), True),
-                                                            (("always", "cap"), False)]  # fmt: skip
+    batches = [(tests, n) for tests, n, calls in host.batches if not calls]
+    assert batches == [(("always", "cap"), False), (("always", "cap"), True),
+                       (("always", "cap"), False)]  # fmt: skip
     assert phases.capture_unsafe("cap") and not phases.capture_unsafe("always")
     assert alone == ["always", "plain"]  # its batched control failed: ordinary reruns decide
 
@@ -80,9 +82,11 @@ def test_alone_reruns_alternate_and_count():
 
 def test_attribution_names_the_breaking_kinds_and_the_report_fields():
     phases, host = phases_after_suite_runs(), FakeHost()
-    phases.isolate(host, ["cap"], 2, [1, 2])
-    phases.attribute(host, seed=5)
+    phases.isolate(host, ["always", "cap"], 2, [1, 2], seed=5)
+    assert set(phases.attributions) == {"cap"}  # only capture-unsafe tests are reported
     found = phases.attributions["cap"]
+    # The groups (mem_alloc | ctx_sync | memset_sync here: one kind each) ran once for both.
+    assert phases.attribution_processes == 3
     assert (found.breaks, found.survives) == (["ctx_sync", "memset_sync"], ["mem_alloc"])
     fields = phases.test_fields("cap", "cd s && pytest t.py")
     assert fields["replay"].endswith("--capsafe-neighbor-calls=ctx_sync,memset_sync")

@@ -16,6 +16,7 @@ what to do about it.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -53,36 +54,39 @@ class Attribution:
 
 
 class GroupTest:
-    """The rounds of attribution for a set of tests (see the module doc)."""
+    """The group testing of a set of tests (see the module doc). `start()` gives the first
+    processes; `record()` of each finished one gives the processes it calls for next, so
+    a caller may run them as soon as they are known (thread-safe)."""
 
     def __init__(self, tests: Iterable[str], kinds: Sequence[str]) -> None:
         self.kinds = tuple(kinds)
         self.tests = tuple(tests)
         self.breaks: dict[str, set[str]] = {t: set() for t in self.tests}
         self.survives: dict[str, set[str]] = {t: set() for t in self.tests}
-        self._pending: list[Job] = [(g, self.tests) for g in kind_groups(self.kinds)]
         self.processes = 0
+        self._lock = threading.Lock()
 
-    def next_round(self) -> list[Job]:
-        """The processes to run now (empty when attribution is done)."""
-        jobs, self._pending = [job for job in self._pending if job[1]], []
+    def start(self) -> list[Job]:
+        return self._count([(g, self.tests) for g in kind_groups(self.kinds)] if self.tests else [])
+
+    def _count(self, jobs: list[Job]) -> list[Job]:
         self.processes += len(jobs)
         return jobs
 
-    def record(self, kinds: Subset, outcomes: Outcomes) -> None:
-        """What one process showed; a broken group is queued for splitting."""
+    def record(self, kinds: Subset, outcomes: Outcomes) -> list[Job]:
+        """What one process showed; returns the single-kind processes a broken group needs."""
         split: list[str] = []
-        for test, broke in outcomes.items():
-            if broke is None:
-                continue
-            if not broke:
-                self.survives[test].update(kinds)
-            elif len(kinds) == 1:
-                self.breaks[test].update(kinds)
-            else:
-                split.append(test)
-        if split:
-            self._pending += [((kind,), tuple(split)) for kind in kinds]
+        with self._lock:
+            for test, broke in outcomes.items():
+                if broke is None or test not in self.breaks:
+                    continue
+                if not broke:
+                    self.survives[test].update(kinds)
+                elif len(kinds) == 1:
+                    self.breaks[test].update(kinds)
+                else:
+                    split.append(test)
+            return self._count([((kind,), tuple(split)) for kind in kinds] if split else [])
 
     def result(self, test: str) -> Attribution:
         breaks, survives = self.breaks[test], self.survives[test] - self.breaks[test]
@@ -98,12 +102,14 @@ def attribute(
     kinds: Sequence[str],
     run_round: Callable[[list[Job]], Iterable[tuple[Subset, Outcomes]]],
 ) -> tuple[dict[str, Attribution], int]:
-    """Attribute every test; `run_round` runs a round's jobs (in parallel) and yields
-    (kinds, outcomes) per finished job. Returns the attributions and the process count."""
+    """Attribute every test in rounds; `run_round` runs a round's jobs and yields (kinds,
+    outcomes) per finished job. Returns the attributions and the process count."""
     group = GroupTest(tests, kinds)
-    while jobs := group.next_round():
-        for subset, outcomes in run_round(jobs):
-            group.record(subset, outcomes)
+    jobs = group.start()
+    while jobs:
+        jobs = [
+            new for subset, outcomes in run_round(jobs) for new in group.record(subset, outcomes)
+        ]
     return {t: group.result(t) for t in tests}, group.processes
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import shlex
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -47,7 +47,8 @@ class Host(Protocol):
         kind: str,
     ) -> dict[tuple[str, str], Attempt]: ...  # fmt: skip
 
-    def parallel(self, desc: str, jobs: Sequence[Any], work: Any) -> Iterable[Any]: ...
+    def pool(self, desc: str, jobs: Sequence[Any], work: Callable[[Any, int], list[Any]]) -> None:
+        """Run `work(job, i)` on up to --workers threads; a job returns more jobs to queue."""
 
 
 @dataclass
@@ -80,6 +81,17 @@ class CaptureEvidence:
 
 def capture_failure(attempt: Attempt) -> bool:
     return attempt.failed and CAPTURE_SIGNAL in attempt.signals
+
+
+def _outcomes(tests: Sequence[str], found: dict[tuple[str, str], Attempt]) -> attr.Outcomes:
+    """Per test of an attribution process: broke (a capture error), survived (passed), or no
+    evidence (did not run, or failed some other way)."""
+    outcomes: attr.Outcomes = dict.fromkeys(tests)
+    for attempt in found.values():
+        if attempt.nodeid in outcomes:
+            broke = capture_failure(attempt)
+            outcomes[attempt.nodeid] = True if broke else None if attempt.failed else False
+    return outcomes
 
 
 class CapturePhases:
@@ -137,49 +149,36 @@ class CapturePhases:
             self._count(nodeid, failed, signals, self.rerun_with_neighbors(rerun), False)
 
     def isolate(
-        self, host: Host, failing: Sequence[str], runs: int, seeds: Sequence[int]
+        self, host: Host, failing: Sequence[str], runs: int, seeds: Sequence[int], seed: int
     ) -> list[str]:
         """Batched reruns of the failing tests that failed with a capture error (`runs`
-        processes over all of them); returns the tests that still need alone reruns."""
+        processes over all of them) and, on the same pool, their attribution (started at
+        once for all of them; only the capture-unsafe ones are reported). Returns the
+        tests that still need alone reruns."""
         suspects = [n for n in failing if self.neighbors and self._of(n).suspect]
         if not suspects:
             return list(failing)
+        group = attr.GroupTest(suspects, self.calls)
 
-        def batch(k: int, _: int) -> tuple[bool, dict[tuple[str, str], Attempt]]:
-            with_neighbors = self.rerun_with_neighbors(k)
-            found = host.batch(
-                suspects, neighbors=with_neighbors, calls=(), seed=seeds[k], kind="batch"
-            )
-            return with_neighbors, found
-
-        for with_neighbors, found in host.parallel("batched reruns", list(range(runs)), batch):
-            for attempt in found.values():
-                if attempt.nodeid in suspects:
-                    self.saw(attempt, neighbors=with_neighbors, batched=True)
-        return [n for n in failing if not self.capture_unsafe(n)]
-
-    # -- attribution ------------------------------------------------------------
-    def attribute(self, host: Host, seed: int | None) -> None:
-        """Which neighbour call kinds break each capture-unsafe test."""
-        tests = sorted(n for n, ev in self.evidence.items() if ev.capture_unsafe)
-        if not tests:
-            return
-
-        def one(job: attr.Job, _: int) -> tuple[attr.Subset, attr.Outcomes]:
-            kinds, targets = job
+        def work(job: tuple[str, Any], _: int) -> list[tuple[str, Any]]:
+            kind, payload = job
+            if kind == "batch":
+                with_neighbors = self.rerun_with_neighbors(payload)
+                found = host.batch(suspects, neighbors=with_neighbors, calls=(),
+                                   seed=seeds[payload], kind="batch")  # fmt: skip
+                for attempt in found.values():
+                    if attempt.nodeid in suspects:
+                        self.saw(attempt, neighbors=with_neighbors, batched=True)
+                return []
+            kinds, targets = payload
             found = host.batch(targets, neighbors=True, calls=kinds, seed=seed, kind="attrib")
-            outcomes: attr.Outcomes = dict.fromkeys(targets)
-            for attempt in found.values():
-                if attempt.nodeid in outcomes:
-                    outcomes[attempt.nodeid] = (
-                        True if capture_failure(attempt) else False if not attempt.failed else None
-                    )
-            return kinds, outcomes
+            return [("attrib", j) for j in group.record(kinds, _outcomes(targets, found))]
 
-        def run_round(jobs: list[attr.Job]) -> Iterable[tuple[attr.Subset, attr.Outcomes]]:
-            return host.parallel("attribution", jobs, one)
-
-        self.attributions, self.attribution_processes = attr.attribute(tests, self.calls, run_round)
+        jobs = [("batch", k) for k in range(runs)] + [("attrib", j) for j in group.start()]
+        host.pool("capture reruns", jobs, work)
+        self.attribution_processes = group.processes
+        self.attributions = {t: group.result(t) for t in suspects if self.capture_unsafe(t)}
+        return [n for n in failing if not self.capture_unsafe(n)]
 
     # -- reporting --------------------------------------------------------------
     def why(self, nodeid: str) -> str:
@@ -245,16 +244,8 @@ class SweepHost:
         s._take(result)
         return batch_attempts(label, result.rows)
 
-    def parallel(self, desc: str, jobs: Sequence[Any], work: Any) -> list[Any]:
-        """`work(job, i)` for every job on the sweep's pool; the results, as they finished."""
-        results: list[Any] = []
-
-        def one(job: Any, i: int) -> list[Any]:
-            results.append(work(job, i))
-            return []
-
-        self.sweep._pool(desc, jobs, one)
-        return results
+    def pool(self, desc: str, jobs: Sequence[Any], work: Callable[[Any, int], list[Any]]) -> None:
+        self.sweep._pool(desc, jobs, work)
 
 
 def check_started(records_dir: Path) -> None:
