@@ -61,6 +61,8 @@ _ARCH = re.compile(r"^(sm|compute)_(\d{2,3}[af]?)$")
 
 log = logging.getLogger("capsafe.nvrtc")
 UNCACHED_WARNER = OnceWarner("; compiling it without the cache")
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: UNCACHED_WARNER.reset_after_fork())
 Compiler = Callable[[str, str, Sequence[str], Mapping[str, str], str], backend_cuda.NvrtcOutput]
 
 
@@ -207,10 +209,10 @@ def compile_spec(
     def build() -> tuple[bytes, dict[str, str]]:
         # No -I paths: every header NVRTC can reach is in memory, named as resolved.
         out = run(
-            unit.source,
+            unit.nvrtc_source(),
             spec.name,
             [f"--gpu-architecture={arch}", *spec.options],
-            unit.headers,
+            unit.nvrtc_headers(),
             kind,
         )
         meta = {"name": spec.name, "arch": arch, "nvrtc": "{}.{}".format(*version), "log": out.log}

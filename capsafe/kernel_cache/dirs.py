@@ -63,8 +63,16 @@ def open_dir(parent: int, name: str, create: bool) -> int:
 
 @contextlib.contextmanager
 def opened(root: str | os.PathLike[str], names: tuple[str, ...], create: bool) -> Iterator[int]:
-    """The descriptor of root/names..., every descriptor closed afterwards."""
-    fds = [open_root(root)]
+    """The descriptor of root/names..., every descriptor closed afterwards.
+
+    The first name is opened by its full path with O_NOFOLLOW (one open fewer on the
+    hit path); the root's own path may hold symlinks, the user configured it.
+    """
+    if names and not create:
+        fds = [os.open(os.path.join(root, names[0]), DIR_FLAGS)]
+        names = names[1:]
+    else:
+        fds = [open_root(root)]
     try:
         for name in names:
             fds.append(open_dir(fds[-1], name, create))
@@ -73,6 +81,23 @@ def opened(root: str | os.PathLike[str], names: tuple[str, ...], create: bool) -
         for fd in reversed(fds):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def open_path(root: str | os.PathLike[str], names: tuple[str, ...]) -> int:
+    """The descriptor of existing directory root/names..., never through a symlink below root.
+
+    The hit path's version of `opened`: intermediate descriptors are closed at once
+    (a descriptor opened relative to a directory stays valid without it).
+    """
+    fd = os.open(os.path.join(root, names[0]), DIR_FLAGS)
+    for name in names[1:]:
+        try:
+            child = os.open(name, DIR_FLAGS, dir_fd=fd)
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        fd = child
+    return fd
 
 
 def describe(mode: int) -> str:

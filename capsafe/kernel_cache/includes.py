@@ -64,9 +64,15 @@ class Directive:
 class Translation:
     """What to hand NVRTC, and what the key hashes: exactly the same bytes."""
 
-    source: str
-    headers: dict[str, str] = field(default_factory=dict)
+    source: bytes
+    headers: dict[str, bytes] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)  # paths that must stay absent
+
+    def nvrtc_source(self) -> str:
+        return self.source.decode()  # every file was checked to be UTF-8 when it was lexed
+
+    def nvrtc_headers(self) -> dict[str, str]:
+        return {name: body.decode() for name, body in self.headers.items()}
 
     def still_valid(self) -> bool:
         """True while every path that was missing still is (NVRTC may look there)."""
@@ -120,6 +126,10 @@ def directives(text: bytes) -> tuple[Directive, ...]:
 
 
 def _lex(raw: bytes) -> tuple[Directive, ...]:
+    try:
+        raw.decode()
+    except UnicodeDecodeError as exc:
+        raise Unfollowable(f"not UTF-8 text (byte {exc.start})") from exc
     if b"__has_include" in raw:
         raise Unfollowable(f"line {_line(raw, raw.index(b'__has_include'))}: __has_include")
     cuts: list[int] = []  # positions in the spliced text where a splice was removed
@@ -250,23 +260,28 @@ def resolve(
     source: str, name: str, headers: Mapping[str, str], include_paths: Sequence[str]
 ) -> Translation:
     """The Translation of `source`; Unfollowable when a form cannot be followed."""
-    out = Translation("")
-    by_identity: dict[tuple[int, int, int, int], str] = {}
-    paths = [os.path.join(os.getcwd(), p) for p in include_paths]
+    out = Translation(b"")
+    by_identity: dict[tuple[int, int, str], str] = {}
+    cwd = os.getcwd()
+    paths = [_directory(os.path.join(cwd, p)) for p in include_paths]
     missing: set[str] = set()
 
-    def rewrite(text: bytes, here: _File, depth: int) -> str:
+    def rewrite(text: bytes, here: _File, depth: int) -> bytes:
         if depth > MAX_DEPTH:
             raise Unfollowable(f"includes nest deeper than {MAX_DEPTH}")
         pieces, last = [], 0
-        for d in directives(text):
+        try:
+            found = directives(text)
+        except Unfollowable as exc:
+            raise Unfollowable(f"{here.name}: {exc}") from exc
+        for d in found:
             target = find(d, here, depth)
             if target is None:
                 continue
             pieces += [text[last : d.start], f'#include "{target}"'.encode(), b"\n" * d.newlines]
             last = d.end
         pieces.append(text[last:])
-        return _utf8(b"".join(pieces), here.name)
+        return b"".join(pieces)
 
     def find(d: Directive, here: _File, depth: int) -> str | None:
         """The in-memory name `d` resolves to (None: leave it, it names one already)."""
@@ -274,8 +289,8 @@ def resolve(
             if d.next:
                 raise Unfollowable(f"#include_next of in-memory header {d.spelling!r}")
             if d.spelling not in out.headers:
-                out.headers[d.spelling] = ""  # placeholder: breaks include cycles
-                mem_dir = os.path.join(os.getcwd(), os.path.dirname(d.spelling))
+                out.headers[d.spelling] = b""  # placeholder: breaks include cycles
+                mem_dir = _directory(os.path.join(cwd, os.path.dirname(d.spelling)))
                 body = rewrite(
                     headers[d.spelling].encode(), _File(d.spelling, mem_dir, None), depth + 1
                 )
@@ -298,9 +313,9 @@ def resolve(
             if '"' in candidate or "\n" in candidate:
                 raise Unfollowable(f"{candidate!r} cannot be named in an #include")
             by_identity[identity] = candidate
-            out.headers[candidate] = ""
+            out.headers[candidate] = b""
             out.headers[candidate] = rewrite(
-                data, _File(candidate, os.path.dirname(candidate), index), depth + 1
+                data, _File(candidate, _directory(os.path.dirname(candidate)), index), depth + 1
             )
             return candidate
         # Not found: NVRTC reports it, or an #if around it skips it. NVRTC may look for
@@ -308,26 +323,33 @@ def resolve(
         missing.update(tried)
         return None
 
-    main_dir = os.path.join(os.getcwd(), os.path.dirname(name))
+    main_dir = _directory(os.path.join(cwd, os.path.dirname(name)))
     out.source = rewrite(source.encode(), _File(name, main_dir, None), 0)
     out.missing = sorted(missing)
     return out
 
 
+def _directory(path: str) -> str:
+    """`path` without trailing slashes ("/" stays "/"), so `f"{dir}/{name}"` is a join."""
+    return path.rstrip("/") or "/"
+
+
 def _candidates(d: Directive, here: _File, paths: Sequence[str]) -> list[tuple[str, int | None]]:
-    if os.path.isabs(d.spelling):
-        return [(d.spelling, None)]
+    name = d.spelling
+    if name.startswith("/"):
+        return [(name, None)]
     if d.next and here.index is not None:
-        return [(os.path.join(p, d.spelling), i) for i, p in enumerate(paths) if i > here.index]
-    found: list[tuple[str, int | None]] = []
-    if d.quoted:
-        found.append((os.path.join(here.directory, d.spelling), None))
-    found += [(os.path.join(p, d.spelling), i) for i, p in enumerate(paths)]
+        return [(f"{p}/{name}", i) for i, p in enumerate(paths) if i > here.index]
+    found: list[tuple[str, int | None]] = [(f"{here.directory}/{name}", None)] if d.quoted else []
+    found += [(f"{p}/{name}", i) for i, p in enumerate(paths)]
     return found
 
 
-def _read_header(path: str) -> tuple[bytes, tuple[int, int, int, int]]:
-    """A header's bytes and identity (its file's and directory's); FIFOs never block."""
+def _read_header(path: str) -> tuple[bytes, tuple[int, int, str]]:
+    """A header's bytes and identity (its file, and the directory its includes start in).
+
+    O_NONBLOCK: a FIFO planted at a header path never blocks the resolver.
+    """
     fd = os.open(path, os.O_RDONLY | O_NONBLOCK | O_CLOEXEC)
     try:
         st = os.fstat(fd)
@@ -336,17 +358,4 @@ def _read_header(path: str) -> tuple[bytes, tuple[int, int, int, int]]:
         data = read_all(fd, st.st_size)
     finally:
         os.close(fd)
-    parent = _directory_identity(os.path.dirname(path) or ".")
-    return data, (st.st_dev, st.st_ino, *parent)
-
-
-def _directory_identity(path: str) -> tuple[int, int]:
-    st = os.stat(path)
-    return st.st_dev, st.st_ino
-
-
-def _utf8(data: bytes, name: str) -> str:
-    try:
-        return data.decode()
-    except UnicodeDecodeError as exc:
-        raise Unfollowable(f"{name} is not UTF-8 text") from exc
+    return data, (st.st_dev, st.st_ino, os.path.normpath(os.path.dirname(path)))

@@ -173,8 +173,12 @@ class KernelCache:
     # -- reading ------------------------------------------------------------------
     def _read(self, key: str, kind: str, recheck: bool = False) -> Lookup | None:
         try:
-            with self._shard(key, create=False) as shard:
+            shard = dirs.open_path(self.directory, ("entries", key[:2], key[2:4]))
+            try:
                 data = dirs.read_file(shard, key, touch=True)
+            finally:
+                with contextlib.suppress(OSError):
+                    os.close(shard)
         except FileNotFoundError:
             return None
         except dirs.NotRegularFile as exc:
