@@ -43,7 +43,9 @@ def run_lean(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
 
     def run(*args: str) -> pytest.RunResult:
-        return pytester.runpytest_subprocess("-p", "xdist.plugin", "-p", "capsafe_harness.plugin", *args)
+        return pytester.runpytest_subprocess(
+            "-p", "xdist.plugin", "-p", "capsafe_harness.plugin", *args
+        )
 
     return run
 
@@ -353,6 +355,7 @@ def test_outcomes_messages_and_times_of_every_kind_of_result(
     assert len(bad["message"].splitlines()) == MESSAGE_LINES and "line 5" not in bad["message"]
     assert len(bad["message"]) <= MESSAGE_LIMIT
     assert len(bad["details"]) == DETAILS_LIMIT and "AssertionError" in bad["details"]
+    assert calls["test_xfailed"]["message"].startswith("expected to fail (known bug): ")
     assert "still broken" in calls["test_xfailed"]["message"]
     assert "fixed upstream" in calls["test_xpassed"]["message"]
     (skip_row,) = [r for r in by_test["test_skipped"] if r["outcome"] == "skipped"]

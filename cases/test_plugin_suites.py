@@ -10,12 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
+from capsafe_harness import classify
 from capsafe_harness.order import shuffled
 
 SUITES = Path(__file__).resolve().parent.parent / "repro" / "suites"
 NAMES = sorted(p.name for p in SUITES.iterdir() if (p / "answer_key.json").exists())
-CLASSES = {"pass", "fail", "flaky", "order-dependent", "brittle"}
+CLASSES = set(classify.CLASSES)
 SIGNALS = {"capture-invalidated", "frozen-config", "env-leak", "timeout", "crash"}
 
 
@@ -32,8 +32,8 @@ def collect(suite: Path) -> list[str]:
 
 def test_every_defect_has_a_suite():
     assert set(NAMES) == {
-        "brittle", "capture", "crash", "flaky", "frozen_config", "hang", "leftover_file",
-        "ordinary", "polluter",
+        "brittle", "capture", "capture_polluter", "crash", "cuda_core_capture", "flaky",
+        "frozen_config", "hang", "leftover_file", "ordinary", "polluter",
     }  # fmt: skip
 
 

@@ -277,6 +277,8 @@ def _message(report: pytest.TestReport) -> tuple[str, str]:
         return first_lines(text), bounded_details(text)
     crash = getattr(longrepr, "reprcrash", None)
     head = crash.message if crash is not None else str(longrepr)
+    if reason and report.skipped:  # an xfail: its reason, then how it failed
+        head = f"expected to fail ({reason}): {head}"
     return first_lines(head), bounded_details(report.longreprtext)
 
 
