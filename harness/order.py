@@ -49,9 +49,9 @@ def shuffled(items: Sequence[T], seed: int, mode: str, nodeid: Callable[[T], str
         return list(items)
     rng = random.Random(seed)
     if mode == "global":
-        out = list(items)
-        rng.shuffle(out)
-        return out
+        everything = list(items)
+        rng.shuffle(everything)
+        return everything
     if mode != "module":
         raise ValueError(f"unknown shuffle mode {mode!r}; use one of: {', '.join(SHUFFLE_MODES)}")
     modules = _buckets(items, lambda item: module_of(nodeid(item)))
