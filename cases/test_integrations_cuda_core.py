@@ -209,3 +209,15 @@ def test_install_patches_the_real_cuda_core_types_and_restores_them(sim_backend)
         assert facade.gate.stats().captures == 1
     assert {n: builder_cls.__dict__[n] for n in saved} == saved
     assert core.Device.__dict__["memory_resource"] is prop
+
+
+def test_a_buffer_allocated_in_one_window_and_freed_in_the_next_is_deferred(core, facade):
+    integration.install(facade)
+    device = core.Device()
+    first = device.create_graph_builder().begin_building("relaxed")
+    buffer = device.allocate(KiB, device.create_stream())  # on another stream, inside window 1
+    first.end_building()
+    second = device.create_graph_builder().begin_building("global")
+    buffer.close()  # not captured by window 2: it must wait for the window's end
+    assert facade.gate.stats().deferred == 1
+    second.end_building()  # no CaptureInvalidated: the free ran after the GLOBAL window

@@ -113,15 +113,21 @@ def fake_cupy(sim):
             self.ptr = self.handle.value
             self.is_non_blocking = non_blocking
             self.end_error: BaseException | None = None
+            self.refuse_end: BaseException | None = None
 
         def begin_capture(self, mode=None):
             sim.stream_begin_capture(self.handle, modes[2 if mode is None else mode])
 
         def end_capture(self):
+            if self.refuse_end is not None:  # the driver refuses: the capture stays open
+                raise self.refuse_end
             graph = sim.stream_end_capture(self.handle)
             if self.end_error is not None:
                 raise self.end_error
             return graph
+
+        def is_capturing(self):
+            return sim.stream_is_capturing(self.handle) == "active"
 
         def __enter__(self):
             return self
@@ -135,6 +141,8 @@ def fake_cupy(sim):
     state = {}
 
     def set_allocator(allocator=None):
+        if state.get("thread_local"):
+            raise ValueError("set_allocator() cannot be called within using_allocator context")
         state["allocator"] = allocator
 
     def set_pinned_memory_allocator(allocator=None):
@@ -205,6 +213,15 @@ def test_install_is_idempotent_and_uninstall_restores_everything(cupy, facade):
     assert cupy.state["pinned"] == pinned.malloc
 
 
+def test_an_install_cupy_refuses_changes_nothing(cupy, facade):
+    begin, allocator = cupy.cuda.Stream.begin_capture, cupy.cuda.get_allocator()
+    cupy.state["thread_local"] = True  # inside `cupy.cuda.using_allocator`
+    with pytest.raises(ValueError, match="using_allocator"):
+        integration.install(facade)
+    assert not integration.is_installed()
+    assert cupy.cuda.Stream.begin_capture is begin and cupy.cuda.get_allocator() is allocator
+
+
 def test_installed_block_undoes_only_its_own_install(cupy, facade):
     with integration.installed(facade):
         assert integration.is_installed()
@@ -232,6 +249,19 @@ def test_capture_holds_the_gate_and_end_capture_releases_it_also_when_it_raises(
 
     threading.Thread(target=shared, daemon=True).start()
     assert entered.wait(5), "the gate stayed closed after end_capture raised"
+
+
+def test_an_end_capture_the_driver_refuses_keeps_the_gate_until_the_capture_ends(cupy, facade):
+    integration.install(facade)
+    stream = cupy.cuda.Stream()
+    stream.begin_capture()
+    stream.refuse_end = RuntimeError("cudaErrorStreamCaptureWrongThread")
+    with pytest.raises(RuntimeError, match="WrongThread"):
+        stream.end_capture()
+    assert facade.gate.stats().open_captures == 1  # still capturing: still protected
+    stream.refuse_end = None
+    stream.end_capture()
+    assert facade.gate.stats().open_captures == 0
 
 
 def test_begin_capture_that_raises_gives_the_gate_back(cupy, facade):

@@ -185,17 +185,17 @@ def test_survival_lists_each_capture_unsafe_test_and_whether_it_passed_protected
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(400)
 def test_sweeps_of_the_cuda_core_suite_without_and_with_protection(tmp_path):
     sweep = [sys.executable, "-m", "capsafe.cli", "sweep", str(SUITES / "cuda_core_capture"),
-             "--runs", "2", "--workers", "2", "--seed", "3", "--isolation-runs", "2",
+             "--runs", "1", "--workers", "0", "--seed", "3", "--isolation-runs", "1",
              "--neighbors", "2", "--timeout", "20", "--no-progress"]  # fmt: skip
     lean = ["-p", "no:run-parallel", "-p", "no:hypothesispytest"]
-    bare = subprocess.run([*sweep, "--out", str(tmp_path / "bare"), "--", *lean], timeout=110)
+    bare = subprocess.run([*sweep, "--out", str(tmp_path / "bare"), "--", *lean], timeout=190)
     assert bare.returncode == 1  # the raw capture is capture-unsafe beside the neighbours
     protected = subprocess.run(
         [*sweep, "--out", str(tmp_path / "on"), "--", *lean, "--capsafe-protect=cuda_core"],
-        timeout=110,
+        timeout=190,
     )
     assert protected.returncode == 0
     out = subprocess.run(
@@ -203,7 +203,7 @@ def test_sweeps_of_the_cuda_core_suite_without_and_with_protection(tmp_path):
          str(tmp_path / "on")],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
-    assert "survived: test_graph_capture.py::test_three_captures (fail" in out
+    assert "survived: test_graph_capture.py::test_three_captures (capture-unsafe" in out
     assert (
         out.splitlines()[-1] == "capsafe protect: 1 of 1 capture-unsafe tests pass with protection"
     )

@@ -41,12 +41,20 @@ def exclusive(
     return driver.gate.begin_capture(harmful=harmful, label=label, timeout=driver.capture_timeout)
 
 
+def _safely(still_active: Callable[[], bool]) -> bool:
+    try:
+        return still_active()
+    except Exception:  # an invalidated or broken capture: nothing left to protect
+        return False
+
+
 class Windows:
     """Open windows by key. Thread-safe: a capture may end on another thread."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._open: dict[Hashable, CaptureGuard] = {}
+        self.opened = 0  # windows begun so far: tells one window from the next
 
     def __len__(self) -> int:
         return len(self._open)
@@ -66,18 +74,33 @@ class Windows:
             with self._lock:
                 stale = self._open.pop(key, None)
                 self._open[key] = taken
+                self.opened += 1
             if stale is not None:  # the framework reused a key whose end we never saw
                 stale.release()
         return result
 
-    def end(self, key: Hashable, end: Callable[[], T]) -> T:
-        """Run the framework's end call, then release the key's guard whatever it did."""
+    def end(
+        self, key: Hashable, end: Callable[[], T], still_active: Callable[[], bool] | None = None
+    ) -> T:
+        """Run the framework's end call, then release the key's guard.
+
+        Also when the end call raises, unless `still_active()` says the capture is
+        still open and intact (the driver refused to end it, e.g. from the wrong
+        thread): then the guard stays, for the end call that really ends it.
+        """
         with self._lock:
             taken = self._open.pop(key, None)
+        ended = True
         try:
             return end()
+        except BaseException:
+            if taken is not None and still_active is not None and _safely(still_active):
+                ended = False
+                with self._lock:
+                    self._open[key] = taken
+            raise
         finally:
-            if taken is not None:
+            if ended and taken is not None:
                 taken.release()
 
     def release_all(self) -> list[str]:

@@ -78,7 +78,8 @@ def _resource_class_for(core: Any) -> type:
             self.inner = inner
             self._gate = gate_of(driver if driver is not None else _driver.get())
             self._buffers: dict[int, Any] = {}  # our pointer -> inner's buffer (owns it)
-            self._in_window: set[int] = set()  # allocated inside the capturing thread's window
+            # pointer -> `windows.opened` when the capturing thread allocated it inside its window
+            self._in_window: dict[int, int] = {}
 
         def allocate(self, size: int, stream: Any = None) -> Any:
             gate = self._gate
@@ -93,7 +94,7 @@ def _resource_class_for(core: Any) -> type:
             ptr = int(buffer.handle)
             self._buffers[ptr] = buffer
             if gate is not None and gate.owned_by_current_thread():
-                self._in_window.add(ptr)
+                self._in_window[ptr] = windows.opened
             return core.Buffer.from_handle(ptr, size, mr=self, stream=stream)
 
         def deallocate(self, ptr: Any, size: int, stream: Any = None) -> None:
@@ -105,8 +106,8 @@ def _resource_class_for(core: Any) -> type:
             if gate is None:
                 buffer.close(stream)
                 return
-            inside = key in self._in_window
-            self._in_window.discard(key)
+            # Freed inside the window it was allocated in: captured with it, not deferred.
+            inside = self._in_window.pop(key, None) == windows.opened
             if not inside and gate.defer_if_capturing(self._close, buffer, stream):
                 return
             self._close(buffer, stream)
@@ -190,7 +191,7 @@ class _Installation:
             return _begin(driver, builder, mode, begin)
 
         def end_building(builder: Any) -> Any:
-            return windows.end(id(builder), lambda: end(builder))
+            return windows.end(id(builder), lambda: end(builder), lambda: builder.is_building)
 
         def close_builder(builder: Any) -> Any:
             return windows.end(id(builder), lambda: close(builder))
@@ -269,4 +270,4 @@ def capture(
     except BaseException:
         windows.end(id(builder), lambda: close(builder))
         raise
-    windows.end(id(builder), lambda: end(builder))
+    windows.end(id(builder), lambda: end(builder), lambda: builder.is_building)

@@ -189,15 +189,19 @@ class _Installation:
             _window(driver, cupy, stream, mode, lambda: begin(stream, mode))
 
         def end_capture(stream: Any) -> Any:
-            return windows.end(stream.ptr, lambda: end(stream))
+            return windows.end(stream.ptr, lambda: end(stream), stream.is_capturing)
 
         begin_capture.__doc__, end_capture.__doc__ = begin.__doc__, end.__doc__
-        cuda.set_allocator(self.pool.malloc)
+        self.patches.replace(owner, "begin_capture", begin_capture)
+        self.patches.replace(defining_class(cuda.Stream, "end_capture"), "end_capture", end_capture)
+        try:  # CuPy refuses inside a `using_allocator` block on this thread
+            cuda.set_allocator(self.pool.malloc)
+        except BaseException:
+            self.patches.restore()
+            raise
         cuda.set_pinned_memory_allocator(self.pinned_pool.malloc)
         cupy._default_memory_pool = self.pool
         cupy._default_pinned_memory_pool = self.pinned_pool
-        self.patches.replace(owner, "begin_capture", begin_capture)
-        self.patches.replace(defining_class(cuda.Stream, "end_capture"), "end_capture", end_capture)
 
     def undo(self) -> None:
         cupy, cuda = self.cupy, self.cupy.cuda
@@ -291,4 +295,4 @@ def capture(
         with suppress(Exception):  # the body's error is the story; the capture is over anyway
             windows.end(stream.ptr, lambda: end(stream))
         raise
-    result.graph = windows.end(stream.ptr, lambda: end(stream))
+    result.graph = windows.end(stream.ptr, lambda: end(stream), stream.is_capturing)

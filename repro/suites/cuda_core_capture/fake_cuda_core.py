@@ -86,6 +86,10 @@ def fake_cuda_core(sim):
                 raise self.end_error
             return self
 
+        @property
+        def is_building(self):
+            return sim.stream_is_capturing(self.stream.raw) == "active"
+
         def complete(self):
             return Graph(self.graph)
 
