@@ -55,28 +55,29 @@ class PythonFunctionAllocator:
 
 
 class MemoryPool:
-    """Caches released blocks by size; grows through its base allocator."""
+    """Caches released blocks by size; grows through its base allocator (thread-safe, as CuPy's)."""
 
     def __init__(self, allocator=None):
         self._allocator = allocator
         self._free: dict[int, list] = {}
-        self.growths = 0
+        self._lock = threading.Lock()
 
     def malloc(self, size):
-        cached = self._free.get(size)
-        if cached:
-            return cached.pop()
-        self.growths += 1
+        with self._lock:
+            cached = self._free.get(size)
+            if cached:
+                return cached.pop()
         return self._allocator(size).mem
 
     def free(self, mem):
-        self._free.setdefault(mem.size, []).append(mem)
+        with self._lock:
+            self._free.setdefault(mem.size, []).append(mem)
 
     def free_all_blocks(self, stream=None):
-        for mems in self._free.values():
-            for mem in mems:
-                mem.release()
-        self._free.clear()
+        with self._lock:
+            mems, self._free = [m for ms in self._free.values() for m in ms], {}
+        for mem in mems:
+            mem.release()
 
 
 class PinnedMemoryPointer:
@@ -390,3 +391,46 @@ def test_release_all_frees_a_gate_left_by_an_unended_capture(cupy, facade):
     assert f"{stream.ptr:#x}" in label
     assert facade.gate.stats().open_captures == 0
     assert integration.windows.release_all() == []
+
+
+def test_stress_captures_on_many_threads_beside_pool_growth(cupy, facade, sim_backend):
+    # GLOBAL captures on four threads while two threads grow and shrink the pool: every
+    # capture survives, no thread starves, and the watchdog (pytest-timeout) sees no hang.
+    integration.install(facade)
+    context = sim_backend.ctx_get_current()
+    pool = cupy._default_memory_pool
+    stop, errors, captures, growths = threading.Event(), [], [0] * 4, [0] * 2
+
+    def capturer(n: int) -> None:
+        sim_backend.ctx_set_current(context)
+        stream = cupy.cuda.Stream()
+        try:
+            for _ in range(25):
+                stream.begin_capture(cupy.cuda.runtime.streamCaptureModeGlobal)
+                stream.end_capture()
+                captures[n] += 1
+        except Exception as exc:
+            errors.append(exc)
+
+    def grower(n: int) -> None:  # a fresh thread: the allocator binds the context itself
+        allocate = cupy.cuda.get_allocator()
+        try:
+            while not stop.is_set():
+                pool.free(allocate((n + 1) * MiB))
+                pool.free_all_blocks()
+                growths[n] += 1
+        except Exception as exc:
+            errors.append(exc)
+
+    growers = [threading.Thread(target=grower, args=(n,), daemon=True) for n in range(2)]
+    capturers = [threading.Thread(target=capturer, args=(n,), daemon=True) for n in range(4)]
+    for thread in growers + capturers:
+        thread.start()
+    for thread in capturers:
+        thread.join(30)
+    stop.set()
+    for thread in growers:
+        thread.join(30)
+    assert not errors, errors
+    assert captures == [25] * 4 and min(growths) > 0
+    assert facade.gate.stats().open_captures == 0
