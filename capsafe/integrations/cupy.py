@@ -121,7 +121,8 @@ class GatedAllocator:
         except CudaError as exc:
             raise self._runtime_error(exc) from exc
         if memory.host is not None:
-            weakref.finalize(memory, self._host_free, memory.host, device_id)
+            release = weakref.finalize(memory, self._host_free, memory.host, device_id)
+            release.atexit = False  # the process exit frees it; the driver may be gone by then
         return self._cupy.cuda.PinnedMemoryPointer(memory, 0)
 
     def _host_free(self, host: HostPtr, device_id: int) -> None:
