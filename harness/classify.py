@@ -18,6 +18,7 @@ from .records import Record
 CLASSES = (
     "error",
     "fail",
+    "capture-unsafe",
     "order-dependent",
     "brittle",
     "parallel-unsafe",
@@ -180,6 +181,7 @@ class Evidence:
     unconfirmed: list[str] = field(default_factory=list)
     concurrent: list[str] = field(default_factory=list)  # set only when parallel-unsafe holds
     collect_error: str | None = None
+    capture_unsafe: bool = False  # set from harness.capture_sweep before classifying
     signals: set[str] = field(default_factory=set)
     message: str = ""
 
@@ -206,6 +208,9 @@ RULES: tuple[Rule, ...] = (
          "pytest could not collect it (import or syntax error): no test of it ran"),
     Rule("pass", lambda e: e.failures == 0 and e.isolation_failures == 0 and not e.polluters,
          "never failed, in the suite or alone"),
+    Rule("capture-unsafe", lambda e: e.capture_unsafe,
+         "failed with a capture error in runs with neighbour threads, passed in every run "
+         "without them (needs --neighbors); never sent to a cause search"),
     Rule("unverified", lambda e: e.isolation_runs == 0 and not e.polluters,
          "failed in the suite, but the budget ran out before it was rerun alone"),
     Rule("brittle", lambda e: e.always_failed_alone and bool(e.state_setters),

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import tables
+from . import gpu_report, tables
 from .classify import CLASSES, severity
 from .records import Record, to_json
 
@@ -41,6 +41,7 @@ COLOURS = {
     "parallel-unsafe": "#0969da",
     "unverified": "#6e7781",
     "fail": "#cf222e",
+    "capture-unsafe": "#e16f24",
     "order-dependent": "#8250df",
     "brittle": "#bc4c00",
     "flaky": "#d4a72c",
@@ -53,6 +54,7 @@ DESCRIPTIONS = {
     "parallel-unsafe": "fails only beside other workers",
     "unverified": "failed; not rerun (budget)",
     "fail": "fails alone every time",
+    "capture-unsafe": "breaks under neighbour threads only",
     "order-dependent": "fails after a polluter, passes alone",
     "brittle": "fails alone, passes after a state-setter",
     "flaky": "fails at random",
@@ -164,6 +166,7 @@ def render_markdown(
         "",
     ]
     lines += [f"> **Note:** {note}" for note in summary.get("notes", [])]
+    lines += gpu_report.markdown(summary.get("gpu"))
     if bad:
         lines += [
             "## Tests that need attention",
@@ -283,6 +286,7 @@ def render_html(
     body = [
         _header(summary, tests, len(bad), history),
         _notes(summary.get("notes", [])),
+        gpu_report.html_section(summary.get("gpu")),
         _table(tests, series),
         _heatmap(tests, grid, run_ids),
         _other_outcomes_section(tests),

@@ -29,6 +29,7 @@ class TestVerdict:
     signals: list[str]
     message: str  # the first lines of a failure (or pytest's collection error)
     replay: str
+    capture: dict[str, Any] | None = None  # capture-unsafe: harness.capture_sweep's fields
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,8 @@ class Summary:
     notes: list[str] = field(default_factory=list)
     ddmin_cap: int = 0
     verify_times: int = 0
+    phase_times: dict[str, Any] = field(default_factory=dict)  # harness.phase_times
+    gpu: dict[str, Any] = field(default_factory=dict)  # harness.gpu_report
 
     def to_dict(self) -> dict[str, Any]:
         found = asdict(self)

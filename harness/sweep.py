@@ -39,8 +39,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from . import capture_sweep, gpu_report, history, order, phase_times, report, search, stats
 from . import classify as cl
-from . import history, order, report, search, stats
 from .classify import Evidence
 from .options import SweepError, SweepOptions
 from .records import Record, load_records
@@ -120,6 +120,9 @@ class Sweep:
         self.notes: list[str] = []
         self.causes: list[tuple[str, tuple[str, ...]]] = []  # (kind, verified culprits)
         self._busy: set[str] = set()  # tests a search or trial is explaining right now
+        self.capture = capture_sweep.CapturePhases(options.neighbors)
+        self.clock = phase_times.SweepClock()
+        self.neighbors_problem = ""  # why neighbour threads could not start (exit 2)
         self._labels = 0
         self._lock = threading.RLock()
 
@@ -127,11 +130,18 @@ class Sweep:
     def execute(self) -> SweepResult:
         interrupted = False
         try:
-            self._collect()
+            with self.clock.phase("collection"):
+                self._collect()
             if self.collected:
-                self._runs()
-                self._isolation()
-                self._searches()
+                with self.clock.phase("runs"):
+                    self._runs()
+                with self.clock.phase("isolation"):  # with the capture reruns and attribution
+                    self._isolation()
+                with self.clock.phase("searches"):
+                    self._searches()
+        except capture_sweep.NeighborsDidNotStart as exc:
+            self.neighbors_problem = str(exc)
+            self.notes.append(self.neighbors_problem)
         except KeyboardInterrupt:
             interrupted = True
             self.runner.kill_all()
@@ -191,6 +201,7 @@ class Sweep:
                 self._add_run(run_id, seed, shuffle, stop.result)
                 raise
             self._check_ran(result)
+            capture_sweep.check_started(self.raw / run_id)
             self._add_run(run_id, seed, shuffle, result)
             done.add(k)
             self._write_state(done)
@@ -228,6 +239,7 @@ class Sweep:
         found = cl.attempts(result.rows)
         self.run_attempts.update(found)
         for attempt in found.values():
+            self.capture.saw(attempt, neighbors=bool(self.options.neighbors))
             ev = self._ev(attempt.nodeid)
             ev.runs += 1
             ev.failures += attempt.failed
@@ -256,10 +268,18 @@ class Sweep:
                 )
 
     # -- phase 2: isolation ---------------------------------------------------
-    def _isolation(self, extra_args: Sequence[Sequence[str]] = ((),)) -> None:
+    def _isolation(self) -> None:
         """Rerun every failing test alone, `isolation_runs` times; rerun i adds
-        `extra_args[i % len(extra_args)]` to its pytest command."""
+        `extra_args[i % len(extra_args)]` to its pytest command (with --neighbors: without
+        and with them in turn). Capture-error failures are rerun batched first
+        (harness.capture_sweep), with their attribution on the same pool."""
         failing = sorted(n for n, ev in self.evidence.items() if ev.failures)
+        runs = self.options.isolation_runs
+        batch_seeds = run_seeds(self.options.seed, runs, "batch")
+        failing = self.capture.isolate(
+            capture_sweep.SweepHost(self), failing, runs, batch_seeds, self.options.seed
+        )
+        extra_args = self.capture.alone_args()
         jobs = [(n, i) for n in failing for i in range(self.options.isolation_runs)]
         seeds = run_seeds(self.options.seed, len(jobs), kind="alone")
 
@@ -279,6 +299,7 @@ class Sweep:
                 ev.isolation_runs += 1
                 ev.isolation_failures += failed
                 ev.signals |= signals
+            self.capture.saw_alone(nodeid, failed, signals, rerun)
             return []
 
         self._pool("isolation reruns", jobs, alone)
@@ -287,7 +308,7 @@ class Sweep:
     def _searches(self) -> None:
         jobs: list[tuple[str, ...]] = []
         for nodeid, ev in sorted(self.evidence.items()):
-            if not ev.failures or not ev.isolation_runs:
+            if not ev.failures or not ev.isolation_runs or self.capture.capture_unsafe(nodeid):
                 continue
             if not ev.ever_failed_alone:
                 jobs.append(("polluter", nodeid))
@@ -573,6 +594,7 @@ class Sweep:
         runs = len(self.run_ids)
         for nodeid in sorted(self.evidence):
             ev = self.evidence[nodeid]
+            ev.capture_unsafe = self.capture.capture_unsafe(nodeid)
             verdict = cl.classify(ev)
             replay = ""
             if verdict not in ("pass", "error"):
@@ -583,15 +605,17 @@ class Sweep:
             low, high = stats.wilson_interval(ev.failures, ev.runs)
             rate = stats.flake_rate(ev.failures, ev.runs)
             chance = None if verdict == "pass" else round(1 - (1 - rate) ** runs, 6)
+            unsafe = verdict == "capture-unsafe"
             tests.append(TestVerdict(
-                nodeid=nodeid, classification=verdict, why=why(verdict, ev),
+                nodeid=nodeid, classification=verdict,
+                why=self.capture.why(nodeid) if unsafe else why(verdict, ev),
                 runs=ev.runs, failures=ev.failures, flake_rate=round(rate, 6),
                 flake_rate_ci=(round(low, 6), round(high, 6)), detection_chance=chance,
                 isolation_runs=ev.isolation_runs, isolation_failures=ev.isolation_failures,
                 polluters=ev.polluters, state_setters=ev.state_setters,
                 unconfirmed=ev.unconfirmed, concurrent=ev.concurrent,
                 signals=sorted(ev.signals), message=ev.message if verdict != "pass" else "",
-                replay=replay,
+                replay=replay, capture=self.capture.test_fields(nodeid, replay) if unsafe else None,
             ))  # fmt: skip
         return tests
 
@@ -606,7 +630,11 @@ class Sweep:
             counts={c: sum(t.classification == c for t in tests) for c in cl.CLASSES},
             searches=self.searches, notes=self.notes, ddmin_cap=search.DDMIN_CAP,
             verify_times=VERIFY_TIMES,
+            phase_times=phase_times.summary_times(self.clock, self.raw, self.rows),
         )  # fmt: skip
+        summary.gpu = gpu_report.gpu_section(
+            [t.__dict__ for t in tests], self.rows, capture_sweep.neighbor_summary(self.raw)
+        )
         stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         verdicts = [
             history.Verdict(t.nodeid, t.classification, t.runs, t.failures, t.flake_rate)
@@ -618,6 +646,8 @@ class Sweep:
         except OSError as exc:
             self.notes.append(f"{out.parent / history.LATEST} not updated: {describe_error(exc)}")
         report.write_reports(out, summary.to_dict(), self.rows, self._grid(), self.run_ids, past)
+        if self.neighbors_problem:
+            return SweepResult(summary, EXIT_USAGE, f"{self.neighbors_problem}; report: {out}")
         return _outcome(summary, o.baseline, interrupted, out, bool(self.collected))
 
     def _append_history(
