@@ -32,7 +32,7 @@ def collect(suite: Path) -> list[str]:
 
 def test_every_defect_has_a_suite():
     assert set(NAMES) == {
-        "brittle", "capture", "capture_polluter", "crash", "cuda_core_capture", "flaky",
+        "brittle", "capture", "capture_polluter", "cleaners", "crash", "cuda_core_capture", "flaky",
         "frozen_config", "hang", "leftover_file", "ordinary", "polluter",
     }  # fmt: skip
 

@@ -48,6 +48,8 @@ class SearchRecord:
 
 @dataclass
 class Summary:
+    """The whole sweep: what ran, every test's verdict, every search, and the notes."""
+
     runs: int
     workers: int
     seeds: list[int]
@@ -64,11 +66,4 @@ class Summary:
     gpu: dict[str, Any] = field(default_factory=dict)  # harness.gpu_report
 
     def to_dict(self) -> dict[str, Any]:
-        found = asdict(self)
-        for test in found["tests"]:
-            test["flake_rate_ci"] = list(test["flake_rate_ci"])
-        return found
-
-    @property
-    def verification_replays(self) -> int:
-        return sum(s.verification_replays for s in self.searches)
+        return asdict(self)

@@ -286,11 +286,7 @@ class Sweep:
         def alone(job: tuple[str, int], i: int) -> list[Any]:
             nodeid, rerun = job
             extra = tuple(extra_args[rerun % len(extra_args)])
-            failed, signals = self._replay([], nodeid, seeds[i], "alone", extra=extra)
-            if failed and self._width() > 1:  # beside other reruns: confirm with none alive
-                failed, signals = self._replay(
-                    [], nodeid, seeds[i], "alone", extra=extra, exclusive=True
-                )
+            failed, signals, _ = self._alone(nodeid, seeds[i], extra)
             with self._lock:
                 ev = self._ev(nodeid)
                 if failed is None:
@@ -303,6 +299,18 @@ class Sweep:
             return []
 
         self._pool("isolation reruns", jobs, alone)
+
+    def _alone(
+        self, nodeid: str, seed: int | None, extra: Sequence[str] = ()
+    ) -> tuple[bool | None, frozenset[str], int]:
+        """One rerun alone: (failed?, signals, replays). A failure beside other test
+        processes (they share the working directory) is confirmed with none alive, and
+        only that result counts."""
+        failed, signals = self._replay([], nodeid, seed, "alone", extra=extra)
+        if not failed or self._width() == 1:
+            return failed, signals, 1
+        failed, signals = self._replay([], nodeid, seed, "alone", extra=extra, exclusive=True)
+        return failed, signals, 2
 
     # -- phase 3: searches ----------------------------------------------------
     def _searches(self) -> None:
@@ -411,8 +419,8 @@ class Sweep:
         while ev.isolation_runs < VERIFY_TIMES and alone_agrees():
             if not self._budget_left():
                 return False, spent
-            spent += 1
-            failed, signals = self._replay([], nodeid, seed, "alone", exclusive=True)
+            failed, signals, replays = self._alone(nodeid, seed)
+            spent += replays
             if failed is None:
                 return False, spent
             with self._lock:
@@ -496,9 +504,10 @@ class Sweep:
 
     def _prefixes(self, nodeid: str, want_failed: bool) -> Iterable[tuple[int | None, list[str]]]:
         """(seed, candidates) to search, best first: the test's own process in runs where it
-        did what we explain, then everything that ran before it in that run, then every
-        other test with modules (and classes) kept together and the test's module last, so
-        module- and class-scoped fixtures live as in the project's own order."""
+        did what we explain, then everything that ran before it in that run, then what
+        precedes it in the project's own order, then every other test with modules (and
+        classes) kept together and the test's module last, so module- and class-scoped
+        fixtures live as in the project's own order."""
         mine = [
             a for a in self.run_attempts.values() if a.nodeid == nodeid and a.failed is want_failed
         ]
@@ -507,6 +516,8 @@ class Sweep:
             yield attempt.seed, cl.process_sequence(self.run_attempts, attempt)
         for attempt in mine[:1]:
             yield attempt.seed, cl.run_sequence(self.run_attempts, attempt)
+        if nodeid in self.collected:  # the project's own order
+            yield None, list(self.collected[: self.collected.index(nodeid)])
         others = [n for n in self.collected if n != nodeid]
         yield (
             (self.seeds[0] if self.seeds else None),
@@ -739,7 +750,7 @@ def requested_backend() -> str:
 
 
 def _progress_bar(enabled: bool) -> Any:
-    from tqdm import tqdm
+    from tqdm import tqdm  # type: ignore[import-untyped]
 
     return tqdm(total=0, desc="capsafe sweep", unit="test", file=sys.stderr,
                 disable=not enabled, leave=False, dynamic_ncols=True)  # fmt: skip

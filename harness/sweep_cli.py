@@ -13,6 +13,7 @@ import math
 import os
 import random
 import sys
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
@@ -43,18 +44,20 @@ def _epilog() -> str:
 class _SweepParser(argparse.ArgumentParser):
     """Splits everything after the first `--` into `pytest_args`."""
 
-    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
-        args = list(sys.argv[1:] if args is None else args)
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        given = list(sys.argv[1:] if args is None else args)
         passthrough: list[str] = []
-        if "--" in args:
-            cut = args.index("--")
-            args, passthrough = args[:cut], args[cut + 1 :]
-        parsed, unknown = super().parse_known_args(args, namespace)
+        if "--" in given:
+            cut = given.index("--")
+            given, passthrough = given[:cut], given[cut + 1 :]
+        parsed, unknown = super().parse_known_args(given, namespace)
         parsed.pytest_args = passthrough
         return parsed, unknown
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "sweep",
         help="run a pytest suite many ways and classify every test",
