@@ -32,6 +32,8 @@ def test_capsafe_errors_by_their_result():
     unsupported = CudaError("CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "cuMemAlloc")
     assert capture_error(unsupported) == "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
     assert capture_error(CudaError("CUDA_ERROR_INVALID_VALUE", "cuMemAlloc")) is None
+    renamed = type("Renamed", (CaptureInvalidated,), {})("CUDA_ERROR_X", "cuStreamEndCapture")
+    assert capture_error(renamed) == "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"  # by its type
 
 
 def test_cupy_error_by_type_when_cupy_is_loaded(monkeypatch):

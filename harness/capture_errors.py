@@ -75,8 +75,11 @@ def in_text(text: str) -> str | None:
 
 
 def _by_type(exc: BaseException) -> str | None:
+    errors = sys.modules.get("capsafe.errors")
+    if isinstance(exc, getattr(errors, "CaptureInvalidated", ())):
+        return CAPTURE_ERROR_CODES[901]
     result = getattr(exc, "result", None)
-    if _is_capsafe_error(exc) and isinstance(result, str):
+    if isinstance(exc, getattr(errors, "CudaError", ())) and isinstance(result, str):
         return result if result in CAPTURE_ERROR_CODES.values() else None
     for module, path, field in CODED_TYPES:
         cls = _loaded(module, path)
@@ -84,12 +87,6 @@ def _by_type(exc: BaseException) -> str | None:
             code = getattr(exc, field, None)
             return CAPTURE_ERROR_CODES.get(int(code)) if isinstance(code, int) else None
     return None
-
-
-def _is_capsafe_error(exc: BaseException) -> bool:
-    errors = sys.modules.get("capsafe.errors")
-    cuda_error = getattr(errors, "CudaError", None)
-    return isinstance(cuda_error, type) and isinstance(exc, cuda_error)
 
 
 def _loaded(module: str, path: str) -> object:
