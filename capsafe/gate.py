@@ -359,11 +359,13 @@ class CaptureGate:
 
     def _enter_aside(self, rec: _Record, call: str | None) -> None:
         with self._lock:
-            if rec is not self._owner:
+            if rec is self._owner:
+                self._bypassed += 1
+                self._bypassed_calls[call or "(unnamed)"] += 1
+            elif rec.waiting:
                 self._refuse_reentry(rec, call)
+            # else: another thread released our capture meanwhile; a plain nested section
             rec.depth += 1
-            self._bypassed += 1
-            self._bypassed_calls[call or "(unnamed)"] += 1
 
     def _enter_slow(self, rec: _Record, call: str | None) -> None:
         try:
@@ -492,7 +494,9 @@ class CaptureGate:
     ) -> CaptureGuard:
         with self._lock:
             if rec is self._owner:
-                return self._begin_nested(rec, harmful, label, site, timeout)
+                nested = self._begin_nested(rec, harmful, label, site, timeout)
+                if nested is not None:
+                    return nested
             if rec.waiting:
                 self._refuse_reentry(rec, "begin_capture")
             rec.aside = True  # our own sections no longer block anyone's capture
@@ -538,16 +542,22 @@ class CaptureGate:
         label: str,
         site: _Site,
         timeout: float | None,
-    ) -> CaptureGuard:
+    ) -> CaptureGuard | None:
         # Called under the lock by the owner. Widen the set first, so nothing new is
         # admitted under the narrower one, then drain the admitted sections still
-        # running; the guard is registered only once that succeeded.
+        # running; the guard is registered only once that succeeded. None: another
+        # thread released our outer capture meanwhile, so this one is not nested.
         self._harmful = _union(self._harmful, harmful)
         try:
-            self._wait_until(lambda: not self._running_admitted(rec), timeout, label)
+            self._wait_until(
+                lambda: self._owner is not rec or not self._running_admitted(rec), timeout, label
+            )
         except BaseException:
-            self._harmful = _union_all(g.harmful for g in self._guards)
+            if self._owner is rec:
+                self._harmful = _union_all(g.harmful for g in self._guards)
             raise
+        if self._owner is not rec:
+            return None
         guard = CaptureGuard(self, rec, harmful, label, site)
         self._guards.append(guard)
         self._captures += 1
