@@ -64,6 +64,8 @@ def full(nodeid, outcome="passed", **kw):
         (dict(runs=4, failures=2, isolation_runs=3, isolation_failures=3), "flaky"),
         # problem 8: the budget ran out before any rerun: not "flaky"
         (dict(runs=4, failures=4, isolation_runs=0, isolation_failures=0), "unverified"),
+        (dict(runs=4, failures=2, isolation_runs=3, isolation_failures=0, budget_cut=True),
+         "unverified"),  # its search was cut short: neither flaky nor order-dependent
         # a victim found by a trial: never failed in the runs, but fails after its polluter
         (dict(runs=4, failures=0, isolation_runs=3, isolation_failures=0, polluters=["p"]),
          "order-dependent"),

@@ -182,6 +182,7 @@ class Evidence:
     concurrent: list[str] = field(default_factory=list)  # set only when parallel-unsafe holds
     collect_error: str | None = None
     capture_unsafe: bool = False  # set from harness.capture_sweep before classifying
+    budget_cut: bool = False  # --budget stopped a rerun, search or verification it needed
     signals: set[str] = field(default_factory=set)
     message: str = ""
 
@@ -211,8 +212,10 @@ RULES: tuple[Rule, ...] = (
     Rule("capture-unsafe", lambda e: e.capture_unsafe,
          "failed with a capture error in runs with neighbour threads, passed in every run "
          "without them (needs --neighbors); never sent to a cause search"),
-    Rule("unverified", lambda e: e.isolation_runs == 0 and not e.polluters,
-         "failed in the suite, but the budget ran out before it was rerun alone"),
+    Rule("unverified",
+         lambda e: (e.isolation_runs == 0 or e.budget_cut)
+         and not (e.polluters or e.state_setters),
+         "failed, but --budget ran out before the reruns, search or verification it needed"),
     Rule("brittle", lambda e: e.always_failed_alone and bool(e.state_setters),
          "fails alone every time; passes after its state-setter every time (K replays each)"),
     Rule("order-dependent", lambda e: not e.ever_failed_alone and bool(e.polluters),

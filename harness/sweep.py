@@ -298,7 +298,7 @@ class Sweep:
             self.capture.saw_alone(nodeid, failed, signals, rerun)
             return []
 
-        self._pool("isolation reruns", jobs, alone)
+        self._pool("isolation reruns", jobs, alone, target=lambda job: job[0])
 
     def _alone(
         self, nodeid: str, seed: int | None, extra: Sequence[str] = ()
@@ -322,7 +322,7 @@ class Sweep:
                 jobs.append(("polluter", nodeid))
             elif ev.always_failed_alone:
                 jobs.append(("state-setter", nodeid))
-        self._pool("cause searches", jobs, self._search_job)
+        self._pool("cause searches", jobs, self._search_job, target=lambda job: job[-1])
 
     def _search_job(self, job: tuple[str, ...], _: int) -> list[tuple[str, ...]]:
         kind, nodeid = job[0], job[-1]
@@ -372,6 +372,7 @@ class Sweep:
                 )
             except _BudgetSpent:
                 self.notes.append(f"budget spent during the {kind} search for {nodeid}")
+                self._ev(nodeid).budget_cut = True
                 break
             hints = []
             replays += result.replays
@@ -404,20 +405,22 @@ class Sweep:
         the opposite K times?, replays spent). Alone runs already done count towards K."""
         want_failed = kind == "polluter"
         spent = 0
+        ev = self._ev(nodeid)
         for _ in range(VERIFY_TIMES):
             if not self._budget_left():
+                ev.budget_cut = True
                 return False, spent
             spent += 1
             failed, _ = self._replay(list(culprits), nodeid, seed, "verify", exclusive=True)
             if failed is not want_failed:
                 return False, spent
-        ev = self._ev(nodeid)
 
         def alone_agrees() -> bool:  # a polluter's victim never fails alone, a brittle test always
             return not ev.ever_failed_alone if want_failed else ev.always_failed_alone
 
         while ev.isolation_runs < VERIFY_TIMES and alone_agrees():
             if not self._budget_left():
+                ev.budget_cut = True
                 return False, spent
             failed, signals, replays = self._alone(nodeid, seed)
             spent += replays
@@ -568,9 +571,11 @@ class Sweep:
         desc: str,
         jobs: Sequence[Any],
         work: Callable[[Any, int], list[Any]],
+        target: Callable[[Any], str] | None = None,
     ) -> None:
         """Run jobs on up to `workers` threads (each drives one subprocess); a job returns
-        more jobs to queue. Stops starting jobs when the budget is spent."""
+        more jobs to queue. Stops starting jobs when the budget is spent; the tests of the
+        jobs left undone (`target` of a job) are marked budget-cut."""
         width = self._width()
         queue = list(jobs)
         started, skipped = 0, 0
@@ -580,6 +585,9 @@ class Sweep:
                 while queue or pending:
                     while queue and len(pending) < width:
                         if not self._budget_left():
+                            for job in queue:
+                                if target is not None:
+                                    self._ev(target(job)).budget_cut = True
                             skipped, queue = len(queue), []
                             break
                         pending.add(pool.submit(work, queue.pop(0), started))
@@ -699,7 +707,7 @@ def why(verdict: str, ev: Evidence) -> str:
     if verdict == "pass":
         return f"passed {ev.runs} of {ev.runs} suite runs"
     if verdict == "unverified":
-        return f"{ran}; not rerun alone: the budget ran out"
+        return f"{ran}; failed {alone}; --budget ran out before its verdict was verified"
     if verdict == "brittle":
         return (f"fails alone ({alone}); passes after {' + '.join(ev.state_setters)} "
                 f"({k} of {k}); {ran}")  # fmt: skip
