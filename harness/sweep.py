@@ -120,6 +120,7 @@ class Sweep:
         self.notes: list[str] = []
         self.causes: list[tuple[str, tuple[str, ...]]] = []  # (kind, verified culprits)
         self._busy: set[str] = set()  # tests a search or trial is explaining right now
+        self._tried: set[tuple[str, ...]] = set()  # (culprits..., test) trials already run
         self.capture = capture_sweep.CapturePhases(options.neighbors)
         self.clock = phase_times.SweepClock()
         self.neighbors_problem = ""  # why neighbour threads could not start (exit 2)
@@ -466,6 +467,10 @@ class Sweep:
     def _trial(self, kind: str, culprits: tuple[str, ...], nodeid: str) -> list[tuple[str, ...]]:
         """One replay of a known cause before another test; verified like any search."""
         ev = self._ev(nodeid)
+        with self._lock:
+            if (*culprits, nodeid) in self._tried:
+                return []
+            self._tried.add((*culprits, nodeid))
         if kind == "polluter" and ev.ever_failed_alone:
             return []
         seed = self.seeds[0] if self.seeds else None
