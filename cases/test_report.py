@@ -356,3 +356,16 @@ def test_history_of_the_older_format_is_kept_with_an_unknown_suite(tmp_path):
 def test_suite_key_is_the_absolute_paths_swept(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert history.suite_key(["b", "a"]) == f"{tmp_path / 'a'} {tmp_path / 'b'}"
+
+
+def test_reports_give_the_sweeps_words_and_detection_chance_for_each_verdict(tmp_path):
+    t = entry("t.py::t", "parallel-unsafe", failures=2, replay="r", message="boom",
+              why="failed 2 of 4 suite runs beside other workers; passed alone 3 of 3",
+              detection_chance=0.9375, concurrent=["t.py::other"])  # fmt: skip
+    md = render_markdown(summary([t]))
+    assert "failed 2 of 4 suite runs beside other workers; passed alone 3 of 3" in md
+    assert "Chance a sweep of 4 runs shows it: 94%" in md
+    assert "beside t.py::other" in md
+    page = render_html(summary([t]), {}, RUNS, [])
+    assert '<span class="muted">beside</span> <code>t.py::other</code>' in page
+    assert '<div class="why">Chance a sweep of 4 runs shows it: 94%</div>' in page

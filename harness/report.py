@@ -186,6 +186,7 @@ def render_markdown(
         lines += ["", "## Failures", ""]
         for t in bad:
             lines += [f"### `{t['nodeid']}` ({t['classification']})", ""]
+            lines += _evidence_lines(t)
             lines += _md_message(t)
             lines += [
                 f"- env: {_md(tables.env_leak_text(leak))}" for leak in t.get("env_leaks", [])
@@ -254,7 +255,20 @@ def _cause_text(test: Mapping[str, Any]) -> str:
         return "after " + " + ".join(test["polluters"])
     if test["state_setters"]:
         return "passes after " + " + ".join(test["state_setters"])
+    if test.get("concurrent"):
+        return "beside " + ", ".join(test["concurrent"])
+    if test.get("unconfirmed"):
+        return "unconfirmed: " + " + ".join(test["unconfirmed"])
     return ""
+
+
+def _evidence_lines(test: Mapping[str, Any]) -> list[str]:
+    """The sweep's words for a verdict and its chance of being seen, where it gave them."""
+    lines = [f"{test['why']}", ""] if test.get("why") else []
+    chance = test.get("detection_chance")
+    if chance is not None:
+        lines += [f"Chance a sweep of {test['runs']} runs shows it: {_pct(chance)}", ""]
+    return lines
 
 
 def _verdict(total: int, bad: int) -> str:
@@ -385,6 +399,18 @@ def _row(t: Mapping[str, Any], rates: list[float]) -> str:
     elif t["state_setters"]:
         cause = '<span class="muted">passes after</span> ' + " ".join(
             f"<code>{_e(s)}</code>" for s in t["state_setters"]
+        )
+    elif t.get("concurrent"):
+        cause = '<span class="muted">beside</span> ' + " ".join(
+            f"<code>{_e(c)}</code>" for c in t["concurrent"]
+        )
+    elif t.get("unconfirmed"):
+        cause = '<span class="muted">unconfirmed</span> ' + " ".join(
+            f"<code>{_e(u)}</code>" for u in t["unconfirmed"]
+        )
+    if cls != "pass":
+        cause += "".join(
+            f'<div class="why">{_e(line)}</div>' for line in _evidence_lines(t) if line
         )
     signals = "".join(f'<span class="sig">{_e(s)}</span>' for s in t["signals"])
     leaks = "".join(_leak_line(leak) for leak in t.get("env_leaks", []))
@@ -631,7 +657,7 @@ code{font:12px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;overflow
 .verdict.ok{background:#dafbe1;border-color:#aceebb;color:#116329}
 .verdict.bad{background:#ffebe9;border-color:#ffcecb;color:#a40e26}
 .trend{display:flex;align-items:center;gap:8px;font-size:12px;font-weight:400;color:var(--muted)}
-.cards{display:grid;grid-template-columns:repeat(5,1fr);gap:12px}
+.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(130px,1fr));gap:12px}
 .card{background:#fff;border:1px solid var(--line);border-top:4px solid var(--c);
  border-radius:10px;padding:12px 14px}
 .card .n{font-size:28px;font-weight:700;color:var(--c)}
@@ -678,6 +704,7 @@ details.full pre{font:11px/1.35 ui-monospace,SFMono-Regular,Menlo,monospace;whit
  overflow-wrap:anywhere;background:var(--bg);padding:6px 8px;border-radius:6px;max-height:480px;
  overflow:auto;max-width:760px}
 .leak{font-size:12px;margin-top:4px}
+.why{font-size:12px;color:var(--muted);margin-top:4px}
 td.okc{color:#1a7f37;font-weight:600}td.badc{color:#cf222e;font-weight:600}
 footer{color:var(--muted);font-size:12px;text-align:center;margin-top:24px}
 """
