@@ -287,19 +287,27 @@ class CaptureGate:
         except AttributeError:
             rec = self._record()
         depth = rec.depth
-        if depth > 0:
-            if rec.aside:  # a capture's own thread, or a finalizer while it waits to begin
+        if depth > 0 and not rec.aside:
+            rec.depth = depth + 1
+            return
+        if depth == 0:
+            rec.depth = 1  # publish first, then look: the capture sets `closed`, then scans
+            rec.entered += 1
+            if not self._closed:
+                return
+        # The slow paths. An exception from them (a signal can land at any call) leaves
+        # no section behind: the store below runs before anything else can.
+        try:
+            if depth > 0:  # a capture's own thread, or a finalizer while it waits to begin
                 self._enter_aside(rec, call)
+            elif depth < 0:
+                self._enter_nested_admitted(rec, call)
             else:
-                rec.depth = depth + 1
-            return
-        if depth < 0:
-            self._enter_nested_admitted(rec, call)
-            return
-        rec.depth = 1  # publish first, then look: the capture sets `closed`, then scans
-        rec.entered += 1
-        if self._closed:
-            self._enter_slow(rec, call)
+                self._enter_slow(rec, call)
+        except BaseException:
+            rec.depth = depth
+            self._wake()
+            raise
 
     def exit(self, *_exc: object) -> None:
         """Close the innermost shared section of this thread (also `__exit__`)."""
@@ -412,7 +420,7 @@ class CaptureGate:
                 remaining = _remaining(deadline)
                 if remaining is not None and remaining <= 0:
                     raise GateTimeout(self._shared_timeout_message(rec, call))
-                self._may_enter.wait(self.fairness_s)
+                self._wait(self._may_enter, self.fairness_s)
         finally:
             # Straight-line stores first (no call, so no signal lands between them):
             # the grant is consumed (we entered) or returned (we did not), either way.
@@ -444,12 +452,22 @@ class CaptureGate:
                         remaining = _remaining(deadline)
                         if remaining is not None and remaining <= 0:
                             raise GateTimeout(self._shared_timeout_message(rec, call))
-                        self._may_enter.wait(_POLL_S if remaining is None else remaining)
+                        self._wait(self._may_enter, _POLL_S if remaining is None else remaining)
                 finally:
                     rec.waiting = _NOT_WAITING
                     rec.waiting_since = 0.0
                     self._note_wait(time.monotonic() - start)
             rec.depth = -rec.depth + 1
+
+    def _wait(self, condition: threading.Condition, timeout: float) -> None:
+        try:
+            condition.wait(timeout)
+        except BaseException:
+            # Condition.wait can raise with the lock released (a signal just after it let
+            # go); the caller's `with self._lock` must still find it held.
+            if not self._lock._is_owned():  # type: ignore[attr-defined]
+                self._lock.acquire()
+            raise
 
     def _wake(self) -> None:
         with self._lock:
@@ -478,8 +496,13 @@ class CaptureGate:
         """
         rec = self._record()
         site = _outer_site(sys._getframe(1))
+        made: list[CaptureGuard] = []  # a guard registered, in case it never reaches the caller
         try:
-            return self._begin(rec, harmful, label, site, timeout)
+            return self._begin(rec, harmful, label, site, timeout, made)
+        except BaseException:
+            for guard in made:  # a signal landed after the registration: give it back
+                guard.release()
+            raise
         finally:
             if self._deferred:
                 self._flush_orphans()
@@ -491,20 +514,22 @@ class CaptureGate:
         label: str,
         site: _Site,
         timeout: float | None,
+        made: list[CaptureGuard],
     ) -> CaptureGuard:
         with self._lock:
             if rec is self._owner:
-                nested = self._begin_nested(rec, harmful, label, site, timeout)
+                nested = self._begin_nested(rec, harmful, label, site, timeout, made)
                 if nested is not None:
                     return nested
             if rec.waiting:
                 self._refuse_reentry(rec, "begin_capture")
+            guard = CaptureGuard(self, rec, harmful, label, site)  # before any state changes
             rec.aside = True  # our own sections no longer block anyone's capture
             rec.waiting = _CAPTURE_WAIT
             self._writers_waiting += 1
             self._closed = True
-            self._may_capture.notify_all()
             try:
+                self._may_capture.notify_all()
                 self._wait_until(
                     lambda: (
                         self._owner is None
@@ -516,23 +541,24 @@ class CaptureGate:
                 )
             except BaseException:
                 rec.aside = False
-                raise
-            finally:
                 rec.waiting = _NOT_WAITING
                 self._writers_waiting -= 1
                 self._closed = self._owner is not None or self._writers_waiting > 0
-                if self._owner is None:  # others waited on us: let them look again
-                    self._may_enter.notify_all()
-                    self._may_capture.notify_all()
+                self._may_enter.notify_all()  # others waited on us: let them look again
+                self._may_capture.notify_all()
+                raise
+            # Stores only until the guard is registered (see _release).
+            rec.waiting = _NOT_WAITING
+            self._writers_waiting -= 1
             self._owner = rec
             self._closed = True
             self._window += 1
             self._harmful = harmful
+            self._guards += (guard,)  # a store, not a call: nothing lands before it
+            made.append(guard)
+            self._captures += 1
             if harmful is not None:  # the measured policy may let waiting sections in
                 self._may_enter.notify_all()
-            guard = CaptureGuard(self, rec, harmful, label, site)
-            self._guards.append(guard)
-            self._captures += 1
             return guard
 
     def _begin_nested(
@@ -542,6 +568,7 @@ class CaptureGate:
         label: str,
         site: _Site,
         timeout: float | None,
+        made: list[CaptureGuard],
     ) -> CaptureGuard | None:
         # Called under the lock by the owner. Widen the set first, so nothing new is
         # admitted under the narrower one, then drain the admitted sections still
@@ -559,7 +586,8 @@ class CaptureGate:
         if self._owner is not rec:
             return None
         guard = CaptureGuard(self, rec, harmful, label, site)
-        self._guards.append(guard)
+        self._guards += (guard,)
+        made.append(guard)
         self._captures += 1
         return guard
 
@@ -574,7 +602,9 @@ class CaptureGate:
                 remaining = _remaining(deadline)
                 if remaining is not None and remaining <= 0:
                     raise GateTimeout(self._timeout_message(label, timeout))
-                self._may_capture.wait(_POLL_S if remaining is None else min(remaining, _POLL_S))
+                self._wait(
+                    self._may_capture, _POLL_S if remaining is None else min(remaining, _POLL_S)
+                )
         finally:
             self._note_wait(time.monotonic() - start)
 
@@ -605,16 +635,20 @@ class CaptureGate:
         with self._lock:
             if guard._released:
                 return False
-            guard._released = True
             if guard._generation != self._generation:
+                guard._released = True
                 return True  # taken before fork: the child's gate never held it
-            self._guards.remove(guard)
-            if self._guards:
-                self._harmful = _union_all(g.harmful for g in self._guards)
+            remaining = [g for g in self._guards if g is not guard]
+            # Stores only from here to the end of the transition: a signal lands at a
+            # call, so the gate is never left half released (owner kept, guard gone).
+            guard._released = True
+            self._guards = remaining
+            if remaining:
+                self._harmful = _union_all(g.harmful for g in remaining)
                 return True
-            self._owner = None
-            self._harmful = frozenset()
             guard.record.aside = False
+            self._owner = None
+            self._harmful = _NOTHING
             self._closed = self._writers_waiting > 0
             if self._wake_waiting_sections():
                 self._may_enter.notify_all()
@@ -766,6 +800,7 @@ class CaptureGate:
         self._init_state(keep)
 
 
+_NOTHING: frozenset[str] = frozenset()
 _NO_SECTION = "capture gate: exit() without a matching enter() on this thread"
 
 

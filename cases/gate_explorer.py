@@ -311,6 +311,9 @@ class ModelLock:
             self.owner = None
             self.x.wake(lambda a: a.blocked_on is self, "notified")
 
+    def _is_owned(self) -> bool:
+        return self.owner is self.x.current()
+
     __enter__ = acquire
 
     def __exit__(self, *exc: object) -> None:

@@ -1,0 +1,87 @@
+"""Run by cases/test_gate_signals.py: `python gate_signal_stress.py alarm|sigint SECONDS`.
+
+The main thread makes shared sections in a loop while a capture loop and an
+allocator run on other threads, and is interrupted every few milliseconds by a
+SIGALRM handler that raises (pytest-timeout's signal method) or a real SIGINT.
+Afterwards nothing may be left: a capture begins at once and no holder is named.
+Prints `OK <interrupts> <sections> <captures>`, else exits 1 saying what was left.
+"""
+
+import os
+import random
+import signal
+import sys
+import threading
+import time
+
+from capsafe.gate import CaptureGate, GateTimeout
+
+MODE, SECONDS = sys.argv[1], float(sys.argv[2])
+g = CaptureGate(fairness_s=0.001, shared_timeout=10)
+stop = threading.Event()
+
+
+def capture_loop() -> None:
+    while not stop.is_set():
+        with g.begin_capture(timeout=10):
+            time.sleep(0.0002)
+
+
+def allocator() -> None:
+    while not stop.is_set():
+        with g.shared("mem_alloc"):
+            pass
+
+
+class Fired(Exception):
+    """What pytest-timeout's signal method raises from its SIGALRM handler."""
+
+
+def fire(signum: int, frame: object) -> None:
+    raise Fired
+
+
+threads = [threading.Thread(target=f, daemon=True) for f in (capture_loop, allocator)]
+for t in threads:
+    t.start()
+if MODE == "alarm":
+    signal.signal(signal.SIGALRM, fire)
+else:  # real SIGINT from another thread: KeyboardInterrupt in the main thread
+
+    def interrupter() -> None:
+        while not stop.is_set():
+            time.sleep(random.uniform(0.0005, 0.003))
+            os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupter, daemon=True).start()
+interrupts = entered = 0
+deadline = time.monotonic() + SECONDS
+while time.monotonic() < deadline:
+    if MODE == "alarm":
+        signal.setitimer(signal.ITIMER_REAL, random.uniform(0.0001, 0.003))
+    try:
+        while time.monotonic() < deadline:
+            with g.shared("mem_alloc"):
+                entered += 1
+    except (Fired, KeyboardInterrupt):
+        interrupts += 1
+while True:  # stop the signals; one may still land while we do
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        stop.set()
+        break
+    except (Fired, KeyboardInterrupt):
+        interrupts += 1
+for t in threads:
+    t.join(10)
+try:
+    g.begin_capture(timeout=5).release()
+except GateTimeout as exc:
+    print("WEDGED", interrupts, exc)
+    sys.exit(1)
+stats = g.stats()
+if stats.holders or stats.open_captures:
+    print("LEFT", interrupts, stats.holders)
+    sys.exit(1)
+print("OK", interrupts, entered, stats.captures)
