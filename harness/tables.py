@@ -50,10 +50,11 @@ def outcomes_by_test(rows: Iterable[Record]) -> pd.DataFrame:
     frame["rank"] = frame["outcome"].map(_RANK).fillna(len(OUTCOMES) - 1).astype(int)
     attempts = frame.groupby(["nodeid", "run_id"], sort=False)["rank"].min().reset_index()
     worst = attempts.groupby("nodeid", sort=False)["rank"].min()
-    counts = attempts.assign(outcome=attempts["rank"].map(dict(enumerate(OUTCOMES))))
-    outcomes = counts.groupby("nodeid", sort=False)["outcome"].agg(
-        lambda s: {o: int(n) for o, n in s.value_counts().items()}
-    )
+    counts = attempts.groupby(["nodeid", "rank"], sort=False).size().sort_index(level=1)
+    per_test: dict[str, dict[str, int]] = {}
+    for (nodeid, rank), n in counts.items():
+        per_test.setdefault(nodeid, {})[OUTCOMES[rank]] = int(n)
+    outcomes = pd.Series(per_test, dtype=object)
     said = frame[
         (frame["message"].fillna("") != "") & (frame["rank"] == frame["nodeid"].map(worst))
     ]
@@ -70,20 +71,20 @@ def _env_leaks(frame: pd.DataFrame) -> pd.Series:
     leaked = frame[frame["env_leak"].apply(lambda v: isinstance(v, dict) and bool(v))]
     if leaked.empty:
         return pd.Series(dtype=object)
-    pairs = leaked[["nodeid", "env_leak"]].assign(env_leak=leaked["env_leak"].map(dict.items))
+    pairs = leaked[["nodeid"]].assign(env_leak=leaked["env_leak"].map(lambda d: list(d.items())))
     pairs = pairs.explode("env_leak")
     pairs["variable"] = pairs["env_leak"].str[0]
     pairs["before"] = pairs["env_leak"].str[1].str[0]
     pairs["after"] = pairs["env_leak"].str[1].str[1]
-    distinct = pairs.drop_duplicates(["nodeid", "variable", "before", "after"]).sort_values(
-        "variable", kind="stable"
-    )
-    return distinct.groupby("nodeid", sort=False).apply(
-        lambda g: [[v, b, a] for v, b, a in g[["variable", "before", "after"]].values.tolist()][
-            :ENV_LEAKS_SHOWN
-        ],
-        include_groups=False,
-    )
+    distinct = pairs.drop_duplicates(["nodeid", "variable", "before", "after"])
+    distinct = distinct.sort_values("variable", kind="stable")
+    leaks = distinct[["variable", "before", "after"]].values.tolist()
+    per_test: dict[str, list[list[str | None]]] = {}
+    for nodeid, leak in zip(distinct["nodeid"], leaks, strict=True):
+        shown = per_test.setdefault(nodeid, [])
+        if len(shown) < ENV_LEAKS_SHOWN:
+            shown.append(leak)
+    return pd.Series(per_test, dtype=object)
 
 
 def per_test_table(
