@@ -13,14 +13,14 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
+from test_integrations_cupy import Neighbour
 
 from capsafe.driver import GatedDriver
-from capsafe.errors import CaptureInvalidated, CudaError, UsageError
+from capsafe.errors import CaptureInvalidated, UsageError
 from capsafe.gate import CaptureGate
 from capsafe.integrations import cuda_core as integration
 
@@ -125,21 +125,7 @@ def test_end_building_that_raises_gives_the_gate_back(core, facade):
     assert facade.gate.stats().open_captures == 0
 
 
-def _neighbour(facade, sim_backend, stop):
-    context = sim_backend.ctx_get_current()
-
-    def run():
-        sim_backend.ctx_set_current(context)
-        while not stop.is_set():
-            with contextlib.suppress(CudaError):
-                facade.ctx_synchronize()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
-
-
-def three_captures(device, capture):
+def three_captures(device, capture, during):
     """Three windows, each with an allocation made before it and one inside it."""
     stream = device.create_stream()
     for _ in range(3):
@@ -147,19 +133,16 @@ def three_captures(device, capture):
         builder = device.create_graph_builder()
         with capture(builder):
             inside = device.allocate(KiB, builder)
-            time.sleep(0.02)
+            during()
             inside.close(builder)
         before.close()
 
 
+@contextlib.contextmanager
 def _raw(builder):
-    @contextlib.contextmanager
-    def window():
-        builder.begin_building()
-        yield
-        builder.end_building()
-
-    return window()
+    builder.begin_building()
+    yield
+    builder.end_building()
 
 
 @pytest.mark.parametrize("how", ["bare", "installed", "capture-helper"])
@@ -167,17 +150,12 @@ def test_three_captures_beside_a_neighbour(core, facade, sim_backend, how):
     if how == "installed":
         integration.install(facade)
     capture = (lambda b: integration.capture(b, driver=facade)) if how == "capture-helper" else _raw
-    stop = threading.Event()
-    thread = _neighbour(facade, sim_backend, stop)
-    try:
+    with Neighbour(facade, sim_backend) as neighbour:
         if how == "bare":
             with pytest.raises(CaptureInvalidated):
-                three_captures(core.Device(), capture)
+                three_captures(core.Device(), capture, neighbour.run_beside)
         else:
-            three_captures(core.Device(), capture)
-    finally:
-        stop.set()
-        thread.join(10)
+            three_captures(core.Device(), capture, lambda: time.sleep(0.02))
     integration.windows.release_all()
     assert facade.gate.stats().open_captures == 0
 

@@ -320,18 +320,41 @@ def test_out_of_memory_reads_as_cupys_own_error(cupy, facade):
     assert caught.value.status == cupy.cuda.runtime.errorMemoryAllocation
 
 
-def _neighbour(facade, sim_backend, stop: threading.Event) -> threading.Thread:
-    context = sim_backend.ctx_get_current()
+class Neighbour:
+    """A thread calling cuCtxSynchronize through `facade` until the block ends.
 
-    def run() -> None:
-        sim_backend.ctx_set_current(context)
-        while not stop.is_set():
-            with contextlib.suppress(CudaError):  # refused while an ungated capture is open
-                facade.ctx_synchronize()  # breaks a capture of any mode, unless it waits
+    It breaks any capture of any mode it runs beside; `calls` counts its attempts,
+    so a test can wait until it has run inside a window instead of sleeping.
+    """
 
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
+    def __init__(self, facade, sim_backend) -> None:
+        self.calls = 0
+        self._stop = threading.Event()
+        context = sim_backend.ctx_get_current()
+
+        def run() -> None:
+            sim_backend.ctx_set_current(context)
+            while not self._stop.is_set():
+                with contextlib.suppress(CudaError):  # refused while an ungated capture is open
+                    facade.ctx_synchronize()
+                self.calls += 1
+
+        self._thread = threading.Thread(target=run, name="neighbour", daemon=True)
+
+    def __enter__(self) -> Neighbour:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def run_beside(self, calls: int = 3, timeout: float = 10.0) -> None:
+        """Return once the neighbour has made `calls` more calls (or failed the test)."""
+        target, deadline = self.calls + calls, time.monotonic() + timeout
+        while self.calls < target:
+            assert time.monotonic() < deadline, "the neighbour made no calls"
+            time.sleep(0.001)
 
 
 @pytest.mark.parametrize("installed", [False, True], ids=["bare", "installed"])
@@ -341,34 +364,25 @@ def test_a_neighbours_synchronize_breaks_a_cupy_capture_unless_installed(
     if installed:
         integration.install(facade)
     stream = cupy.cuda.Stream()
-    stop = threading.Event()
-    thread = _neighbour(facade, sim_backend, stop)
-    try:
+    with Neighbour(facade, sim_backend) as neighbour:
         stream.begin_capture()  # RELAXED, CuPy's default
-        time.sleep(0.05)
         if installed:
+            time.sleep(0.05)  # the neighbour waits at the gate meanwhile
             stream.end_capture()
         else:
+            neighbour.run_beside()
             with pytest.raises(CaptureInvalidated):
                 stream.end_capture()
-    finally:
-        stop.set()
-        thread.join(10)
 
 
 def test_capture_block_for_new_code(cupy, facade, sim_backend):
     stream = cupy.cuda.Stream()
-    stop = threading.Event()
-    thread = _neighbour(facade, sim_backend, stop)
-    try:
+    with Neighbour(facade, sim_backend):
         with integration.capture(stream, "global", driver=facade) as cap:
             time.sleep(0.05)
         assert cap.graph is not None
         with pytest.raises(LookupError), integration.capture(stream, driver=facade):
             raise LookupError("the body failed")
-    finally:
-        stop.set()
-        thread.join(10)
     assert facade.gate.stats().open_captures == 0
     assert sim_backend.stream_is_capturing(stream.handle) == "none"
 
