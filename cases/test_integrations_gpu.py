@@ -55,9 +55,11 @@ def cupy_capture(cupy, x):
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         stream.begin_capture()  # RELAXED, CuPy's default
-        time.sleep(WINDOW_S)
-        y = x * 2 + 1  # pool growth on the capturing thread, inside the window
-        graph = stream.end_capture()
+        try:
+            time.sleep(WINDOW_S)
+            y = x * 2 + 1  # pool growth on the capturing thread, inside the window
+        finally:
+            graph = stream.end_capture()  # raises when the capture was invalidated
     graph.launch(stream)
     stream.synchronize()
     return y

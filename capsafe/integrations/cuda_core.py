@@ -23,7 +23,7 @@ import functools
 import importlib
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from capsafe import driver as _driver
@@ -268,6 +268,7 @@ def capture(
     try:
         yield builder
     except BaseException:
-        windows.end(id(builder), lambda: close(builder))
+        with suppress(Exception):  # the body's error is the story; close ends the capture
+            windows.end(id(builder), lambda: close(builder))
         raise
     windows.end(id(builder), lambda: end(builder), lambda: builder.is_building)
