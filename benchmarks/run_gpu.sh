@@ -40,7 +40,10 @@ step cuda_tests $PY -m pytest -m cuda -q -rA -p no:cacheprovider -p no:randomly 
 step hazard_matrix $PY -m capsafe_repro.hazard_matrix --backend "$CAPSAFE_BACKEND" --compare --json "$OUT/hazard_matrix.jsonl"
 step capture_race_off $PY -m capsafe_repro.capture_race --backend "$CAPSAFE_BACKEND" --mode global --gate off --threads 4 --seconds 2 --json "$OUT/capture_race_off.json"
 step capture_race_on $PY -m capsafe_repro.capture_race --backend "$CAPSAFE_BACKEND" --mode global --gate on --threads 4 --seconds 2 --json "$OUT/capture_race_on.json"
-step capture_race_hazards $PY -m capsafe_repro.capture_race --backend "$CAPSAFE_BACKEND" --mode global --gate on --threads 4 --seconds 2 --hazards --json "$OUT/capture_race_hazards.json"
+# Gate on, every capture-breaking action of capsafe.hazard_actions, each capture mode: >= 10,000 captures each, 0 invalidated.
+step capture_race_hazards_global $PY -m capsafe_repro.capture_race --backend "$CAPSAFE_BACKEND" --mode global --gate on --threads 4 --seconds 6 --hazards --json "$OUT/capture_race_hazards_global.json"
+step capture_race_hazards_thread_local $PY -m capsafe_repro.capture_race --backend "$CAPSAFE_BACKEND" --mode thread_local --gate on --threads 4 --seconds 6 --hazards --json "$OUT/capture_race_hazards_thread_local.json"
+step capture_race_hazards_relaxed $PY -m capsafe_repro.capture_race --backend "$CAPSAFE_BACKEND" --mode relaxed --gate on --threads 4 --seconds 6 --hazards --json "$OUT/capture_race_hazards_relaxed.json"
 step default_stream_race $PY -m capsafe_repro.default_stream_race --backend "$CAPSAFE_BACKEND" --json "$OUT/default_stream_race.json"
 step frozen_config $PY -m capsafe_repro.frozen_config --backend "$CAPSAFE_BACKEND" --json "$OUT/frozen_config.json"
 step context_warmup $PY -m capsafe_repro.context_warmup --backend "$CAPSAFE_BACKEND" --json "$OUT/context_warmup.json"

@@ -290,8 +290,8 @@ class GatedDriver:
     def __getattr__(self, name: str) -> Any:
         # Only Backend methods are bound (each classified); nothing else passes through.
         raise AttributeError(
-            f"the gated driver has no {name!r}: it offers only Backend methods "
-            f"(a backend-specific extra is driver.raw().{name}, ungated)"
+            f"the gated driver has no {name!r}: it offers exactly the methods of "
+            "capsafe.backend.Backend, each classified for the capture gate"
         )
 
     def _bind(self, method: str) -> Callable[..., Any]:

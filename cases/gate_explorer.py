@@ -158,8 +158,8 @@ class Explorer:
 
     # -- actors ------------------------------------------------------------------------
     def run(self) -> None:
-        saved = gate_module.time
-        gate_module.time = _VirtualTime(self)  # type: ignore[assignment]
+        saved = gate_module.time  # type: ignore[attr-defined]
+        gate_module.time = _VirtualTime(self)  # type: ignore[attr-defined,assignment]
         try:
             for a in self.actors:
                 a.thread = threading.Thread(target=self._body, args=(a,), name=a.name)
@@ -174,7 +174,7 @@ class Explorer:
                 if a.thread.is_alive():
                     raise Violation(f"{a.name} never finished (explorer bug)")
         finally:
-            gate_module.time = saved
+            gate_module.time = saved  # type: ignore[attr-defined]
         if self.failure is not None:
             raise self.failure
         for a in self.actors:
