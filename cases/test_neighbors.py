@@ -154,3 +154,35 @@ def test_neighbours_that_cannot_start_fail_every_test(run_capture_suite, monkeyp
     result.assert_outcomes(errors=2)
     assert "neighbour threads could not start" in result.stdout.str()
     assert "no-such-backend" in status["unavailable"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_neighbours_stuck_behind_a_capture_never_hang_the_process(pytester, monkeypatch, tmp_path):
+    # The test opens a gated capture and never ends it: the neighbours wait at the gate for
+    # good. The session still ends, says which threads did not stop, and the process exits.
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    monkeypatch.setenv("CAPSAFE_BACKEND", "sim")
+    pytester.makepyfile(
+        test_stuck="""
+        import time
+        import capsafe
+        from capsafe import driver
+        from capsafe.handles import CaptureMode
+
+        def test_leaves_a_capture_open():
+            capsafe.device(0)
+            drv = driver.get()
+            drv.stream_begin_capture(drv.stream_create(nonblocking=True), CaptureMode.GLOBAL)
+            time.sleep(0.2)
+        """
+    )
+    result = pytester.runpytest_subprocess(
+        "-p", "capsafe_harness.plugin", f"--capsafe-records={tmp_path}", "--capsafe-neighbors=2",
+        "--capsafe-neighbor-calls=mem_alloc", timeout=50,
+    )  # fmt: skip
+    result.assert_outcomes(passed=1)
+    out = result.stdout.str()
+    assert "capsafe-neighbor-0 did not stop within 5 s" in out
+    (status,) = nb.read_statuses([tmp_path])
+    assert len(status["problems"]) == 2
