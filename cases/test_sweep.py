@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from capsafe_harness.sweep import SweepOptions, run_seeds, run_sweep, suite_root
 
 FAST = ("--", "-p", "no:run-parallel", "-p", "no:hypothesispytest")  # lighter test processes
@@ -99,7 +98,7 @@ def test_defects_are_classified_and_the_replay_reproduces(tmp_path):
     suite = make_suite(tmp_path / "suite", test_defects=DEFECTS)
     out = tmp_path / "out"
     done = sweep(str(suite), "--runs", "4", "--workers", "0", "--isolation-runs", "2",
-                 "--seed", "11", "--out", str(out), *FAST, cwd=tmp_path)  # fmt: skip
+                 "--seed", "11", "--out", str(out), *FAST, cwd=tmp_path, timeout=180)  # fmt: skip
     assert done.returncode == 1, done.stderr
     tests = by_id(summary_of(out))
     victim = tests["test_defects.py::test_victim"]
