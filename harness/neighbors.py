@@ -120,11 +120,10 @@ class Neighbors:
         """Bind the device and start the threads; NeighborsUnavailable says why they cannot."""
         try:
             from capsafe import context, driver
-            from capsafe.errors import CapsafeError
 
             context.device(0)
             self.status.backend = driver.get().name
-        except (ImportError, CapsafeError) as exc:
+        except Exception as exc:  # whatever the driver raises, the test process carries on
             self.status.unavailable = f"{type(exc).__name__}: {exc}"
             raise NeighborsUnavailable(self.status.unavailable) from None
         for n in range(self.status.threads):
