@@ -112,7 +112,6 @@ def fold_outcome(outcomes: Iterable[str]) -> Outcome:
     return "passed"
 
 
-
 def records_path(directory: str | os.PathLike[str], run_id: str, worker: str, pid: int) -> Path:
     """Where one process writes its rows."""
     return Path(directory) / f"records-{run_id}-{worker}-{pid}.jsonl"
