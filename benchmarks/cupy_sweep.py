@@ -30,7 +30,7 @@ FILES = (
     "tests/cupy_tests/cuda_tests/test_graph.py",
     "tests/cupy_tests/cuda_tests/test_stream.py",
 )
-SWEEP = ("--runs", "3", "--workers", "2", "--seed", "11", "--no-progress")
+SWEEP = ("--runs", "3", "--workers", "2", "--seed", "11", "--no-progress", "--force")
 
 
 def timed(cmd: list[str], cwd: Path, log: Path) -> tuple[float, int, str]:
