@@ -262,7 +262,10 @@ def resolve(
     """The Translation of `source`; Unfollowable when a form cannot be followed."""
     out = Translation(b"")
     by_identity: dict[tuple[int, int, str], str] = {}
-    cwd = os.getcwd()
+    try:
+        cwd = os.getcwd()
+    except OSError as exc:  # the working directory was removed
+        raise Unfollowable(f"no working directory to resolve includes in: {exc}") from exc
     paths = [_directory(os.path.join(cwd, p)) for p in include_paths]
     missing: set[str] = set()
 

@@ -301,7 +301,10 @@ class KernelCache:
         live: list[tuple[int, int, str]] = []
         total = removed = freed = 0
         with contextlib.ExitStack() as stack:
-            entries = stack.enter_context(dirs.opened(self.directory, ("entries",), True))
+            try:
+                entries = stack.enter_context(dirs.opened(self.directory, ("entries",), False))
+            except FileNotFoundError:
+                return 0, 0, 0  # nothing cached yet
             for f in dirs.walk(entries):
                 if f.temp:
                     if now - f.st.st_mtime > _STALE_TEMP_SECONDS:
