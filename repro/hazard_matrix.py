@@ -131,7 +131,7 @@ def _trial_main(cell: Cell, backend_name: str) -> int:
 
 
 def _in_process_sim(cell: Cell) -> Row:
-    from capsafe.backend_sim import SimBackend
+    from capsafe.sim import SimBackend
 
     backend = SimBackend()
     backend.init()
