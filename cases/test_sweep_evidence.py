@@ -180,19 +180,37 @@ def test_failing_every_rerun_alone_but_passing_in_the_suite_is_not_fail(tmp_path
 # -- problems 5 and 9: tests colliding in one working directory ------------------------
 
 COLLIDING = """
+    import contextlib
+    import os
     import time
 
-    def _roundtrip(text):
-        with open("shared-output.txt", "w") as f:
-            f.write(text)
-        time.sleep(1.0)
-        assert open("shared-output.txt").read() == text
+    def _meet(what, me, other):
+        # Wait (5 s at most) for the other test when it runs in another process of the same
+        # run, so the collision does not hinge on when each xdist worker started.
+        shared = os.environ["CAPSAFE_SWEEP_SHARED"]
+        open(os.path.join(shared, f"{os.getppid()}-{what}-{me}"), "w").close()
+        deadline = time.monotonic() + 5
+        while not os.path.exists(os.path.join(shared, f"{os.getppid()}-{what}-{other}")):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
+
+    def _roundtrip(me, other):
+        _meet("started", me, other)
+        try:
+            with open("shared-output.txt", "a") as f:  # one file in the working directory
+                f.write(me)
+            _meet("wrote", me, other)
+            assert open("shared-output.txt").read() == me
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove("shared-output.txt")
 
     def test_writes_a():
-        _roundtrip("a")
+        _roundtrip("a", "b")
 
     def test_writes_b():
-        _roundtrip("b")
+        _roundtrip("b", "a")
 """
 
 
