@@ -457,10 +457,24 @@ class Sweep:
             self._sibling_trials.add(module)
         siblings = [n for n in self.collected if order.module_of(n) == module and first_in_module]
         targets = dict.fromkeys([*siblings, *failing] if kind == "polluter" else failing)
+        return self._screened(kind, culprits, [
+            n for n in targets if n != victim and n not in culprits and not self._explained(n)
+        ])  # fmt: skip
+
+    def _screened(
+        self, kind: str, culprits: Sequence[str], targets: list[str]
+    ) -> list[tuple[str, ...]]:
+        """Trial jobs for the targets that, in one replay of the cause then all of them,
+        did what the cause explains: one replay screens a module, each trial verifies."""
+        if len(targets) < 2 or not self._budget_left():
+            return [("trial", kind, *culprits, n) for n in targets]
+        seed = self.seeds[0] if self.seeds else None
+        found, _ = self._replay_sequence([*culprits, *targets], seed, "screen")
+        want_failed = kind == "polluter"
         return [
             ("trial", kind, *culprits, n)
             for n in targets
-            if n != victim and n not in culprits and not self._explained(n)
+            if n not in found or found[n].failed is want_failed
         ]
 
     def _explained(self, nodeid: str) -> bool:
@@ -549,10 +563,30 @@ class Sweep:
     ) -> tuple[bool | None, frozenset[str]]:
         """Run `before` then `target` in one fresh process. (target failed?, its signals);
         failed is None when the target did not run at all (not collected, usage error)."""
+        found, returncode = self._replay_sequence(
+            [*before, target], seed, kind, extra=extra, exclusive=exclusive
+        )
+        attempt = found.get(target)
+        if attempt is not None:
+            return attempt.failed, attempt.signals
+        if returncode in PYTEST_NO_RUN:
+            return None, frozenset()
+        # The process died before the target reported anything: it crashed in it.
+        return True, frozenset({"crash"})
+
+    def _replay_sequence(
+        self,
+        sequence: list[str],
+        seed: int | None,
+        kind: str,
+        *,
+        extra: Sequence[str] = (),
+        exclusive: bool = False,
+    ) -> tuple[dict[str, cl.Attempt], int]:
+        """Run `sequence` in one fresh process: (each test's attempt by id, exit code)."""
         if self.runner.stopping.is_set():
             raise KeyboardInterrupt
         label = self._label(kind)
-        sequence = [*before, target]
         replay_file = self.raw / "replays" / f"{label}.txt"
         order.write_replay(replay_file, sequence)
         cmd = self.runner.pytest_command(
@@ -563,13 +597,8 @@ class Sweep:
             self.bar.total += len(sequence)
         result = self.runner.run(label, cmd, exclusive=exclusive)
         self._take(result)
-        attempt = cl.attempts(result.rows).get((label, target))
-        if attempt is not None:
-            return attempt.failed, attempt.signals
-        if result.returncode in PYTEST_NO_RUN:
-            return None, frozenset()
-        # The process died before the target reported anything: it crashed in it.
-        return True, frozenset({"crash"})
+        found = {a.nodeid: a for (run, _), a in cl.attempts(result.rows).items() if run == label}
+        return found, result.returncode
 
     def _width(self) -> int:
         # Reruns are single-process: without xdist still use a few cores for them.
