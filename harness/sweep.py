@@ -121,7 +121,7 @@ class Sweep:
         self.causes: list[tuple[str, tuple[str, ...]]] = []  # (kind, verified culprits)
         self._busy: set[str] = set()  # tests a search or trial is explaining right now
         self._tried: set[tuple[str, ...]] = set()  # (culprits..., test) trials already run
-        self._sibling_trials: set[str] = set()  # modules whose tests a polluter was tried on
+        self._sibling_trials: set[tuple[str, ...]] = set()  # (module, cause...) screened
         self.capture = capture_sweep.CapturePhases(options.neighbors)
         self.clock = phase_times.SweepClock()
         self.neighbors_problem = ""  # why neighbour threads could not start (exit 2)
@@ -444,8 +444,8 @@ class Sweep:
 
     def _trials(self, kind: str, culprits: Sequence[str], victim: str) -> list[tuple[str, ...]]:
         """Trial jobs for a verified cause: every failing test it could explain (a polluter:
-        tests never failed alone; a state-setter: always) and, for the first polluter verified
-        in the victim's module, the module's other tests (the victims cleaners hid)."""
+        tests never failed alone; a state-setter: always) and, once per cause and module, the
+        victim's module's other tests (the victims cleaners hid)."""
         module = order.module_of(victim)
         with self._lock:
             failing = [
@@ -453,8 +453,8 @@ class Sweep:
                 if ev.failures and ev.isolation_runs and ev.collect_error is None
                 and (ev.always_failed_alone if kind == "state-setter" else not ev.ever_failed_alone)
             ]  # fmt: skip
-            first_in_module = module not in self._sibling_trials
-            self._sibling_trials.add(module)
+            first_in_module = (module, *culprits) not in self._sibling_trials
+            self._sibling_trials.add((module, *culprits))
         siblings = [n for n in self.collected if order.module_of(n) == module and first_in_module]
         targets = dict.fromkeys([*siblings, *failing] if kind == "polluter" else failing)
         return self._screened(kind, culprits, [
