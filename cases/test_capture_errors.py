@@ -71,3 +71,11 @@ def test_cause_chain_and_text_only():
     cuda_core = "CUDAError: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: operation not permitted"
     assert in_text(cuda_core) == "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
     assert capture_error(ValueError("bad shape"), "assert 1 == 2") is None
+
+
+def test_cupy_invalidated_capture_status_as_a_runtime_error(monkeypatch):
+    """CuPy's own wording when it finds a stream whose capture another call invalidated
+    (seen on the H200 in CuPy 14.2's test_stream_capture_failure_cublas)."""
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    text = "the stream was capturing, but an error has invalidated the capture sequence"
+    assert capture_error(RuntimeError(text)) == "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"

@@ -85,7 +85,7 @@ def test_the_devices_resource_is_seen_gated(core, facade, sim_backend):
     assert device.memory_resource is resource  # one view per inner resource
     entered, before = facade.gate.stats().shared_entered, used(sim_backend)
     stream = device.create_stream()
-    buffer = device.allocate(4 * KiB, stream)
+    buffer = device.allocate(4 * KiB, stream=stream)
     assert buffer.mr is resource and used(sim_backend) == before + 4 * KiB
     buffer.close()
     sim_backend.stream_synchronize(stream.raw)  # the free is stream-ordered
@@ -101,12 +101,12 @@ def test_a_free_on_the_capturing_thread_waits_for_the_window_unless_made_inside_
     integration.install(facade)
     device = core.Device()
     stream = device.create_stream()
-    outside = device.allocate(4 * KiB, stream)
+    outside = device.allocate(4 * KiB, stream=stream)
     held = used(sim_backend)
     builder = device.create_graph_builder().begin_building("global")
     outside.close()  # cuMemFreeAsync on another stream inside a GLOBAL window would break it
     assert used(sim_backend) == held and facade.gate.stats().deferred == 1
-    inside = device.allocate(KiB, builder)  # captured: a graph allocation
+    inside = device.allocate(KiB, stream=builder)  # captured: a graph allocation
     inside.close(builder)  # captured with it, not deferred
     assert facade.gate.stats().deferred == 1
     during = used(sim_backend)
@@ -129,10 +129,10 @@ def three_captures(device, capture, during):
     """Three windows, each with an allocation made before it and one inside it."""
     stream = device.create_stream()
     for _ in range(3):
-        before = device.allocate(KiB, stream)
+        before = device.allocate(KiB, stream=stream)
         builder = device.create_graph_builder()
         with capture(builder):
-            inside = device.allocate(KiB, builder)
+            inside = device.allocate(KiB, stream=builder)
             during()
             inside.close(builder)
         before.close()
@@ -193,7 +193,7 @@ def test_a_buffer_allocated_in_one_window_and_freed_in_the_next_is_deferred(core
     integration.install(facade)
     device = core.Device()
     first = device.create_graph_builder().begin_building("relaxed")
-    buffer = device.allocate(KiB, device.create_stream())  # on another stream, inside window 1
+    buffer = device.allocate(KiB, stream=device.create_stream())  # on another stream, inside window 1
     first.end_building()
     second = device.create_graph_builder().begin_building("global")
     buffer.close()  # not captured by window 2: it must wait for the window's end

@@ -35,6 +35,9 @@ RUNTIME_NAMES: dict[str, str] = {
 DESCRIPTIONS: dict[str, str] = {
     "operation not permitted when stream is capturing": CAPTURE_ERROR_CODES[900],
     "operation failed due to a previous error during capture": CAPTURE_ERROR_CODES[901],
+    # The capture status INVALIDATED, as CuPy words it when it finds a stream in that
+    # state (e.g. before a cuBLAS call): "the stream was capturing, but an error has ...".
+    "an error has invalidated the capture sequence": CAPTURE_ERROR_CODES[901],
     "operation would make the legacy stream depend on a capturing blocking stream": (
         CAPTURE_ERROR_CODES[906]
     ),

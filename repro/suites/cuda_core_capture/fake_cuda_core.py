@@ -117,7 +117,7 @@ def fake_cuda_core(sim):
         def memory_resource(self, mr):
             self._memory_resource = mr
 
-        def allocate(self, size, stream=None):
+        def allocate(self, size, *, stream=None):  # keyword-only, as in cuda.core 1.2
             return self.memory_resource.allocate(size, stream)
 
         def create_stream(self):

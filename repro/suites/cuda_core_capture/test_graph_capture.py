@@ -17,11 +17,11 @@ def three_captures(capture):
     device.set_current()
     stream = device.create_stream()
     for _ in range(3):
-        outside = device.allocate(N, stream)
+        outside = device.allocate(N, stream=stream)
         builder = device.create_graph_builder()
         with capture(builder):
             time.sleep(WINDOW_S)
-            inside = device.allocate(N, builder)  # a graph allocation, captured
+            inside = device.allocate(N, stream=builder)  # a graph allocation, captured
             inside.fill(7, stream=builder)
             inside.close(builder)
         graph = builder.complete()
