@@ -63,6 +63,20 @@ def fake_cuda_core(sim):
         def deallocate(self, ptr, size, stream=None):
             sim.mem_free_async(DevicePtr(int(ptr)), raw_stream(stream))
 
+    class GraphMemoryResource(StreamOrderedResource):
+        """Graph allocations: only on a capturing stream, as cuda.core 1.2 insists."""
+
+        def __init__(self, device):
+            self.device_id = getattr(device, "device_id", device)
+
+        def allocate(self, size, stream=None):
+            if sim.stream_is_capturing(raw_stream(stream)) != "active":
+                raise RuntimeError(
+                    "GraphMemoryResource cannot perform memory operations on a "
+                    "non-capturing stream."
+                )
+            return super().allocate(size, stream)
+
     class Graph:
         def __init__(self, graph):
             self.exec = sim.graph_instantiate(graph)
@@ -128,6 +142,7 @@ def fake_cuda_core(sim):
 
     core = types.ModuleType("cuda.core")
     core.Device, core.MemoryResource, core.Buffer = Device, MemoryResource, Buffer
+    core.GraphMemoryResource = GraphMemoryResource
     graph = types.ModuleType("cuda.core.graph")
     graph.GraphBuilder = GraphBuilder
     return core, graph

@@ -3,7 +3,7 @@
 import contextlib
 import time
 
-from cuda.core import Device
+from cuda.core import Device, GraphMemoryResource
 
 from capsafe.integrations import cuda_core as integration
 
@@ -20,8 +20,9 @@ def three_captures(capture):
         outside = device.allocate(N, stream=stream)
         builder = device.create_graph_builder()
         with capture(builder):
-            time.sleep(WINDOW_S)
-            inside = device.allocate(N, stream=builder)  # a graph allocation, captured
+            # A graph allocation, captured (cuda.core 1.2 refuses the device's pool here).
+            inside = GraphMemoryResource(device).allocate(N, stream=builder)
+            time.sleep(WINDOW_S)  # a neighbour's call lands here; the fill then reports it
             inside.fill(7, stream=builder)
             inside.close(builder)
         graph = builder.complete()
