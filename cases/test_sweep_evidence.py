@@ -260,6 +260,18 @@ def test_a_state_setter_behind_a_module_scoped_fixture_is_found(tmp_path):
 # -- problem 8: the budget does not relabel ---------------------------------------------
 
 
+def test_a_test_failing_every_run_is_rerun_alone_once_per_rerun(tmp_path):
+    # It failed every suite run, so its reruns go straight to "no other test process alive":
+    # a rerun beside others and then its confirmation cost two GPU processes per rerun.
+    suite = make_suite(tmp_path / "suite", test_x="def test_always():\n    assert False\n",
+                       test_y="def test_fine():\n    pass\n")  # fmt: skip
+    out = tmp_path / "o"
+    sweep(str(suite), "--runs", "2", "--workers", "2", "--out", str(out), *FAST, cwd=tmp_path)
+    test = by_id(summary_of(out))["test_x.py::test_always"]
+    assert (test["classification"], test["isolation_failures"]) == ("fail", 3), test
+    assert len(list((out / "raw").glob("alone-*.log"))) == 3
+
+
 def test_a_failure_the_budget_left_unrerun_is_unverified(tmp_path):
     suite = make_suite(tmp_path / "suite", test_x="def test_always():\n    assert False\n")
     out = tmp_path / "o"

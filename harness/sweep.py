@@ -307,12 +307,21 @@ class Sweep:
     ) -> tuple[bool | None, frozenset[str], int]:
         """One rerun alone: (failed?, signals, replays). A failure beside other test
         processes (they share the working directory) is confirmed with none alive, and
-        only that result counts."""
+        only that result counts. A test expected to fail (it failed every suite run, or
+        alone before) runs with none alive at once: its failure needs that anyway."""
+        if self._width() > 1 and self._expected_to_fail_alone(nodeid):
+            failed, signals = self._replay([], nodeid, seed, "alone", extra=extra, exclusive=True)
+            return failed, signals, 1
         failed, signals = self._replay([], nodeid, seed, "alone", extra=extra)
         if not failed or self._width() == 1:
             return failed, signals, 1
         failed, signals = self._replay([], nodeid, seed, "alone", extra=extra, exclusive=True)
         return failed, signals, 2
+
+    def _expected_to_fail_alone(self, nodeid: str) -> bool:
+        with self._lock:
+            ev = self._ev(nodeid)
+            return ev.isolation_failures > 0 or 0 < ev.runs == ev.failures
 
     # -- phase 3: searches ----------------------------------------------------
     def _searches(self) -> None:
