@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from capsafe_harness import attribution as attr
-from capsafe_harness.neighbors import issued_calls
-
 from capsafe import hazards
 from capsafe.handles import CaptureMode, StreamKind
 from capsafe.hazard_actions import BY_NAME
+from capsafe_harness import attribution as attr
+from capsafe_harness.neighbors import issued_calls
 
 KINDS = issued_calls()
 LEGACY = ["memcpy_htod_sync", "memcpy_dtoh_sync", "memset_sync", "memset_async_legacy"]

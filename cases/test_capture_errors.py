@@ -6,9 +6,9 @@ import sys
 import types
 
 import pytest
-from capsafe_harness.capture_errors import capture_error, in_text
 
 from capsafe.errors import CaptureInvalidated, CudaError
+from capsafe_harness.capture_errors import capture_error, in_text
 
 
 class _Status(Exception):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from capsafe_harness.classify import (
     CLASSES,
     RULES,

@@ -193,7 +193,8 @@ def test_a_buffer_allocated_in_one_window_and_freed_in_the_next_is_deferred(core
     integration.install(facade)
     device = core.Device()
     first = device.create_graph_builder().begin_building("relaxed")
-    buffer = device.allocate(KiB, stream=device.create_stream())  # on another stream, inside window 1
+    # On another stream, inside window 1:
+    buffer = device.allocate(KiB, stream=device.create_stream())
     first.end_building()
     second = device.create_graph_builder().begin_building("global")
     buffer.close()  # not captured by window 2: it must wait for the window's end

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from capsafe_harness import protect
 
 from capsafe.integrations import _patch
+from capsafe_harness import protect
 
 pytest_plugins = ["pytester"]
 FAKES = Path(__file__).with_name("test_integrations_cupy.py")

@@ -6,13 +6,13 @@ import time
 from pathlib import Path
 
 import pytest
-from capsafe_harness import neighbors as nb
-from capsafe_harness.records import read_records
 
 from capsafe import context, driver, hazards
 from capsafe.errors import BackendUnavailable, CaptureInvalidated
 from capsafe.handles import CaptureMode
 from capsafe.hazard_actions import BY_NAME
+from capsafe_harness import neighbors as nb
+from capsafe_harness.records import read_records
 
 pytest_plugins = ["pytester"]
 

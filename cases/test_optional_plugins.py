@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+
 from capsafe_harness import optional_plugins
 from capsafe_harness.optional_plugins import quiet_plugin_args
 

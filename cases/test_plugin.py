@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from capsafe_harness import order
 from capsafe_harness.records import (
     DETAILS_LIMIT,

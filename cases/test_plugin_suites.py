@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from capsafe_harness import classify
 from capsafe_harness.order import shuffled
 

@@ -7,6 +7,7 @@ import json
 import os
 
 import pytest
+
 from capsafe_harness import history, tables
 from capsafe_harness.report import pairs, render_html, render_markdown, search_bound, write_reports
 

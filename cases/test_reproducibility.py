@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from capsafe_harness import order
 from capsafe_harness.records import Record, read_records
 from capsafe_harness.schedule import deal

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from capsafe_harness.search import CountingOracle, bisect, capped_ddmin, ddmin, grouped, search
 
 

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from capsafe_harness.sweep import SweepOptions, run_seeds, run_sweep, suite_root
 
 FAST = ("--", "-p", "no:run-parallel", "-p", "no:hypothesispytest")  # lighter test processes

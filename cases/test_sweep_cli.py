@@ -5,9 +5,9 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-from capsafe_harness import sweep
 
 from capsafe.cli import main
+from capsafe_harness import sweep
 
 
 @pytest.fixture
