@@ -108,3 +108,24 @@ def test_phase_times_sum_processes_and_phases(tmp_path):
     assert set(clock.seconds) == {"runs"}
     started = phase_times.process_start_time()
     assert started is None or now - 3600 * 24 < started <= now
+
+
+def test_a_capture_error_seen_only_alone_still_gets_its_breaking_calls():
+    """Seen on the H200 (CuPy's test_capture_run_on_same_stream[False]): the suite-run
+    failure was not a capture error, the alone rerun with neighbours was; the test was
+    capture-unsafe with every call kind undecided."""
+    BREAKS["late"] = {"ctx_sync"}
+    try:
+        phases, host = CapturePhases(2, ["mem_alloc", "ctx_sync", "memset_sync"]), FakeHost()
+        phases.saw(attempt("late", True, capture=False), neighbors=True)
+        assert phases.isolate(host, ["late"], 2, [1, 2], seed=5) == ["late"]  # not a suspect
+        phases.saw_alone("late", False, set(), 0)  # the control passes
+        phases.saw_alone("late", True, {"capture-invalidated"}, 1)  # with neighbours: breaks
+        assert phases.capture_unsafe("late") and "late" not in phases.attributions
+        phases.attribute_late(host, ["late"], seed=5)
+        assert phases.attributions["late"].breaks == ["ctx_sync"]
+        processes = len(host.batches)
+        phases.attribute_late(host, ["late"], seed=5)  # attributed once only
+        assert len(host.batches) == processes
+    finally:
+        del BREAKS["late"]

@@ -180,6 +180,24 @@ class CapturePhases:
         self.attributions = {t: group.result(t) for t in suspects if self.capture_unsafe(t)}
         return [n for n in failing if not self.capture_unsafe(n)]
 
+    def attribute_late(self, host: Host, tests: Sequence[str], seed: int) -> None:
+        """Attribution for the tests whose capture error showed only in an alone rerun
+        with neighbours (their suite-run failures were something else), so every
+        capture-unsafe test has its breaking calls named."""
+        late = [n for n in tests if self.capture_unsafe(n) and n not in self.attributions]
+        if not late:
+            return
+        group = attr.GroupTest(late, self.calls)
+
+        def work(job: tuple[str, Any], _: int) -> list[tuple[str, Any]]:
+            kinds, targets = job[1]
+            found = host.batch(targets, neighbors=True, calls=kinds, seed=seed, kind="attrib")
+            return [("attrib", j) for j in group.record(kinds, _outcomes(targets, found))]
+
+        host.pool("attribution", [("attrib", j) for j in group.start()], work)
+        self.attribution_processes += group.processes
+        self.attributions.update({t: group.result(t) for t in late})
+
     # -- reporting --------------------------------------------------------------
     def why(self, nodeid: str) -> str:
         """The evidence of a capture-unsafe verdict, in words."""

@@ -301,6 +301,7 @@ class Sweep:
             return []
 
         self._pool("isolation reruns", jobs, alone, target=lambda job: job[0])
+        self.capture.attribute_late(capture_sweep.SweepHost(self), failing, self.options.seed)
 
     def _alone(
         self, nodeid: str, seed: int | None, extra: Sequence[str] = ()
