@@ -62,7 +62,7 @@ def test_every_planted_suite_has_a_key():
     assert {p.parent for p in KEYS} == set(suites)
 
 
-@pytest.mark.realworld  # long (10 sweeps of 12 runs): run with the real-world step of .ci/run
+@pytest.mark.power  # 10 sweeps of 12 runs (up to an hour on 2 cores): `pytest -m power`
 @pytest.mark.timeout(3000)
 def test_victims_hidden_by_cleaners_are_all_found_in_9_of_10_seeds(tmp_path):
     """Problem 7 of issue 10: one polluter, a dozen victims, a dozen cleaners. A victim
