@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import sys
 import tarfile
 import venv
 from pathlib import Path
 
 import pytest
+from wheel_build import build_wheel, pypi_reason
 
 pytestmark = [pytest.mark.realworld, pytest.mark.timeout(1800)]
 
@@ -44,14 +43,6 @@ def _cases() -> list[dict]:
     return json.loads(path.read_text()) if path.is_file() else []
 
 
-def _pypi_reason() -> str | None:
-    try:
-        socket.create_connection(("pypi.org", 443), timeout=5).close()
-    except OSError as exc:
-        return f"PyPI cannot be reached ({exc})"
-    return None
-
-
 def _run(command: list[str], cwd: Path, timeout: float = 1500) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CAPSAFE_", "PYTEST_"))}
     for name in ("VIRTUAL_ENV", "PYTHONPATH"):
@@ -64,15 +55,10 @@ def _run(command: list[str], cwd: Path, timeout: float = 1500) -> subprocess.Com
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not (SHARED / "cases.json").is_file():
         pytest.skip(f"no real-world cases at {SHARED} (set CAPSAFE_REALWORLD)")
-    reason = _pypi_reason()
+    reason = pypi_reason()
     if reason:
         pytest.skip(reason)
-    out = tmp_path_factory.mktemp("wheel")
-    built = _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out),
-                  str(ROOT)], cwd=out)  # fmt: skip
-    assert built.returncode == 0, built.stdout + built.stderr
-    (found,) = out.glob("capsafe-*.whl")
-    return found
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
 
 
 def interchangeable(case: dict) -> dict[str, set[str]]:

@@ -17,18 +17,16 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
-import sys
 import venv
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+from wheel_build import ROOT, build_wheel, pypi_reason
 
 pytestmark = [pytest.mark.install, pytest.mark.timeout(600)]
 
-ROOT = Path(__file__).resolve().parents[1]
 PYTEST = f"pytest=={version('pytest')}"
 
 PROJECT = {
@@ -44,14 +42,6 @@ PROJECT = {
         "    assert 1 + 1 == 2\n"
     ),
 }
-
-
-def _pypi_reason() -> str | None:
-    try:
-        socket.create_connection(("pypi.org", 443), timeout=5).close()
-    except OSError as exc:
-        return f"PyPI cannot be reached ({exc})"
-    return None
 
 
 def _run(command: list[str], cwd: Path, **extra: str) -> subprocess.CompletedProcess[str]:
@@ -81,17 +71,10 @@ def _normalized(output: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    reason = _pypi_reason()
+    reason = pypi_reason()
     if reason:
         pytest.skip(reason)
-    out = tmp_path_factory.mktemp("wheel")
-    built = _run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(ROOT)],
-        cwd=out,
-    )
-    assert built.returncode == 0, built.stdout + built.stderr
-    (found,) = out.glob("capsafe-*.whl")
-    return found
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
 
 
 def test_the_wheel_installs_capsafe_names_only(wheel: Path) -> None:
