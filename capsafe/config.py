@@ -285,6 +285,20 @@ def parse_size(environ: Environ, name: str, default: int) -> int:
     return size
 
 
+def parse_count(environ: Environ, name: str, default: int, unit: str) -> int:
+    """A whole number of `unit` (plural), 1 or more; unset or empty gives `default`."""
+    raw = _value(environ, name)
+    if raw is None:
+        return default
+    try:
+        count = int(raw)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise SettingError(f"{name}={raw!r} is not valid; use a whole number of {unit}, 1 or more")
+    return count
+
+
 # -- capsafe's own settings ---------------------------------------------------
 
 BACKENDS = ("cuda", "sim", "auto")
@@ -302,6 +316,7 @@ class RuntimeConfig:
     kernel_cache_enabled: bool = True
     kernel_cache_dir: Path | None = None
     kernel_cache_max_bytes: int = DEFAULT_KERNEL_CACHE_MAX_BYTES
+    sim_devices: int = 1  # how many devices the simulated machine has
 
     VARIABLES = (
         "CAPSAFE_BACKEND",
@@ -310,6 +325,7 @@ class RuntimeConfig:
         "CAPSAFE_KERNEL_CACHE",
         "CAPSAFE_KERNEL_CACHE_DIR",
         "CAPSAFE_KERNEL_CACHE_MAX_BYTES",
+        "CAPSAFE_SIM_DEVICES",
     )
 
     @classmethod
@@ -325,6 +341,7 @@ class RuntimeConfig:
             kernel_cache_max_bytes=parse_size(
                 environ, "CAPSAFE_KERNEL_CACHE_MAX_BYTES", DEFAULT_KERNEL_CACHE_MAX_BYTES
             ),
+            sim_devices=parse_count(environ, "CAPSAFE_SIM_DEVICES", 1, "devices"),
         )
 
 

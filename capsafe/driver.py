@@ -50,13 +50,16 @@ def requested_backend() -> str:
 
 
 def create_backend(name: str) -> tuple[Backend, str]:
-    """A new backend of the named kind and a one-line reason for the choice."""
+    """A new backend of the named kind and a one-line reason for the choice.
+
+    The simulated machine has CAPSAFE_SIM_DEVICES devices (default 1).
+    """
     if name not in BACKENDS:
         raise UsageError(f"unknown backend {name!r}; use one of: {', '.join(BACKENDS)}")
     if name == "sim":
         from capsafe.sim import SimBackend
 
-        return SimBackend(), "sim requested"
+        return SimBackend(devices=runtime_config().sim_devices), "sim requested"
     from capsafe import backend_cuda
 
     problem = backend_cuda.unavailable_reason()
@@ -69,7 +72,8 @@ def create_backend(name: str) -> tuple[Backend, str]:
         raise BackendUnavailable(f"CAPSAFE_BACKEND=cuda but {problem}; use CAPSAFE_BACKEND=sim")
     from capsafe.sim import SimBackend
 
-    return SimBackend(), f"auto: {problem}, using the simulated device"
+    devices = runtime_config().sim_devices
+    return SimBackend(devices=devices), f"auto: {problem}, using the simulated device"
 
 
 def raw() -> Backend:
@@ -207,9 +211,16 @@ def _breaking(call: str | None) -> str | None:
 
 @functools.cache
 def breaking_calls(mode: CaptureMode, stream_kind: StreamKind) -> frozenset[str]:
-    """Calls that break a `mode` capture on a `stream_kind` stream from another thread."""
+    """Calls that break a `mode` capture on a `stream_kind` stream from another thread.
+
+    The gate is process-wide and does not know which device a call runs on, so
+    this is every device relation's set (the cross-device rows are predictions).
+    """
     return frozenset(
-        c for c in hazards.CALLS if hazards.rule_for(c, mode, stream_kind, hazards.OTHER_THREAD)
+        c
+        for c in hazards.CALLS
+        for device in hazards.DEVICES
+        if hazards.rule_for(c, mode, stream_kind, hazards.OTHER_THREAD, device)
     )
 
 

@@ -3,9 +3,13 @@
 This module is the single source of truth read by the simulated device (to
 fail the same calls the hardware fails), by the capture gate (to know which
 calls need the shared side), by the hazard-matrix reproducer (to compare a
-measurement against it) and by docs/hazards.md. Every rule below was measured
-on an NVIDIA H200, driver 580.159.04, cuda-bindings 13.3.1; the raw rows are in
-docs/data/ and a test checks that this table reproduces each of them.
+measurement against it) and by docs/hazards.md. Every rule about a call made
+in the capture's own context (`SAME_DEVICE`) was measured on an NVIDIA H200,
+driver 580.159.04, cuda-bindings 13.3.1; the raw rows are in docs/data/ and a
+test checks that this table reproduces each of them. The rules about a call
+made with another device's context current (`OTHER_DEVICE`) are predictions
+from CUDA's capture semantics, marked `measured=False` until a 2-GPU machine
+measures them (`python -m capsafe_repro.hazard_matrix --cross-device`).
 
 A *call* is named by what it does, not by the driver symbol, because the same
 symbol is safe or not depending on its arguments (cuStreamSynchronize on another
@@ -31,6 +35,11 @@ OTHER_THREAD = "other_thread"
 CALLERS = (SAME_THREAD, OTHER_THREAD)
 MODES = tuple(CaptureMode)
 CAPTURE_STREAMS = (StreamKind.NONBLOCKING, StreamKind.BLOCKING)
+#: Where the call runs relative to the capture: in the capturing stream's context
+#: (device A), or with another device's primary context current (device B).
+SAME_DEVICE = "same_device"
+OTHER_DEVICE = "other_device"
+DEVICES = (SAME_DEVICE, OTHER_DEVICE)
 
 #: Every call the table knows, with the driver symbol it exercises.
 CALLS: dict[str, str] = {
@@ -72,8 +81,10 @@ class Rule:
     modes: frozenset[CaptureMode]
     streams: frozenset[StreamKind]
     callers: frozenset[str]
+    devices: frozenset[str]
     result: str
     why: str
+    measured: bool  # False: a prediction no hardware run has checked yet
 
 
 def _rule(
@@ -84,6 +95,8 @@ def _rule(
     modes: Iterable[CaptureMode] = MODES,
     streams: Iterable[StreamKind] = CAPTURE_STREAMS,
     callers: Iterable[str] = CALLERS,
+    devices: Iterable[str] = (SAME_DEVICE,),
+    measured: bool = True,
 ) -> Rule:
     return Rule(
         name,
@@ -91,8 +104,10 @@ def _rule(
         frozenset(modes),
         frozenset(streams),
         frozenset(callers),
+        frozenset(devices),
         result,
         why,
+        measured,
     )
 
 
@@ -113,6 +128,10 @@ ALLOCATOR_CALLS = (
 ALWAYS_CALLS = ("ctx_sync", "stream_query_capturing")
 #: Work on the legacy stream, which implicitly synchronizes with blocking streams.
 LEGACY_STREAM_CALLS = ("memcpy_htod", "memcpy_dtoh", "memset_sync", "memset_async_legacy")
+#: What the capture modes themselves forbid as potentially unsafe: the allocator
+#: calls plus cuCtxSynchronize (which in its own context also breaks RELAXED
+#: captures, because it waits on the capturing stream; in another device's it does not).
+MODE_FORBIDDEN_CALLS = (*ALLOCATOR_CALLS, "ctx_sync")
 
 RULES: tuple[Rule, ...] = (
     _rule(
@@ -140,10 +159,39 @@ RULES: tuple[Rule, ...] = (
         "legacy-stream work implicitly joins a blocking capture stream",
         streams=(StreamKind.BLOCKING,),
     ),
+    # Predicted, not measured: a call made with another device's context current.
+    # The legacy stream is per context, so legacy-implicit has no counterpart here.
+    _rule(
+        "capturing-stream-any-device",
+        ("stream_query_capturing",),
+        UNSUPPORTED,
+        "the query names the capturing stream itself, whichever context is current",
+        devices=(OTHER_DEVICE,),
+        measured=False,
+    ),
+    _rule(
+        "global-any-device",
+        MODE_FORBIDDEN_CALLS,
+        UNSUPPORTED,
+        "GLOBAL's prohibition of unsafe calls is process-wide, not per context",
+        modes=(CaptureMode.GLOBAL,),
+        devices=(OTHER_DEVICE,),
+        measured=False,
+    ),
+    _rule(
+        "thread-local-any-device",
+        MODE_FORBIDDEN_CALLS,
+        UNSUPPORTED,
+        "THREAD_LOCAL's prohibition follows the capturing thread, not its context",
+        modes=(CaptureMode.THREAD_LOCAL,),
+        callers=(SAME_THREAD,),
+        devices=(OTHER_DEVICE,),
+        measured=False,
+    ),
 )
 
 # Every rule names known calls; a typo here would silently make a call "safe".
-assert all(rule.calls <= CALLS.keys() for rule in RULES)
+assert all(rule.calls <= CALLS.keys() and rule.devices <= set(DEVICES) for rule in RULES)
 
 
 @dataclass(frozen=True)
@@ -158,7 +206,11 @@ class Outcome:
 
 @functools.cache
 def rule_for(
-    call: str, mode: CaptureMode | str, stream: StreamKind | str, caller: str
+    call: str,
+    mode: CaptureMode | str,
+    stream: StreamKind | str,
+    caller: str,
+    device: str = SAME_DEVICE,
 ) -> Rule | None:
     """The rule that makes `call` fail in this cell, or None when the call is safe there.
 
@@ -166,6 +218,7 @@ def rule_for(
     """
     if call not in CALLS:
         raise KeyError(f"unknown call {call!r}; known: {', '.join(CALLS)}")
+    _check_device(device)
     mode, stream = CaptureMode.parse(mode), StreamKind(stream)
     for rule in RULES:
         if (
@@ -173,26 +226,48 @@ def rule_for(
             and mode in rule.modes
             and stream in rule.streams
             and caller in rule.callers
+            and device in rule.devices
         ):
             return rule
     return None
 
 
-def expected(call: str, mode: CaptureMode | str, stream: StreamKind | str, caller: str) -> Outcome:
+def _check_device(device: str) -> None:
+    if device not in DEVICES:
+        raise KeyError(f"unknown device relation {device!r}; known: {', '.join(DEVICES)}")
+
+
+def expected(
+    call: str,
+    mode: CaptureMode | str,
+    stream: StreamKind | str,
+    caller: str,
+    device: str = SAME_DEVICE,
+) -> Outcome:
     """What the table predicts for one cell of the hazard matrix."""
-    rule = rule_for(call, mode, stream, caller)
+    rule = rule_for(call, mode, stream, caller, device)
     if rule is None:
         return Outcome(SUCCESS, SUCCESS)
     return Outcome(rule.result, INVALIDATED)
 
 
-def cells() -> Iterator[tuple[str, CaptureMode, StreamKind, str]]:
-    """Every (call, mode, capture stream, caller) cell of the matrix, in a stable order."""
+Cell = tuple[str, CaptureMode, StreamKind, str, str]
+
+
+def cells(device: str = SAME_DEVICE) -> Iterator[Cell]:
+    """Every (call, mode, capture stream, caller, device) cell of one device relation."""
+    _check_device(device)
     for call in CALLS:
         for mode in MODES:
             for stream in CAPTURE_STREAMS:
                 for caller in CALLERS:
-                    yield call, mode, stream, caller
+                    yield call, mode, stream, caller, device
+
+
+def measured(device: str) -> bool:
+    """Whether hardware measured every rule about calls in this device relation."""
+    _check_device(device)
+    return all(rule.measured for rule in RULES if device in rule.devices)
 
 
 def ever_breaks(call: str) -> bool:

@@ -156,6 +156,7 @@ def test_runtime_config_from_an_explicit_mapping() -> None:
             "CAPSAFE_KERNEL_CACHE": "no",
             "CAPSAFE_KERNEL_CACHE_DIR": "/tmp/k",
             "CAPSAFE_KERNEL_CACHE_MAX_BYTES": "0",
+            "CAPSAFE_SIM_DEVICES": " 4 ",
         }
     )
     assert config == RuntimeConfig(
@@ -165,6 +166,7 @@ def test_runtime_config_from_an_explicit_mapping() -> None:
         kernel_cache_enabled=False,
         kernel_cache_dir=Path("/tmp/k"),
         kernel_cache_max_bytes=0,
+        sim_devices=4,
     )
 
 
@@ -176,6 +178,10 @@ def test_runtime_config_from_an_explicit_mapping() -> None:
         ("CAPSAFE_GATE", "maybe", "1, true, yes, on, 0, false, no, off"),
         ("CAPSAFE_KERNEL_CACHE_MAX_BYTES", "-1", "integer >= 0"),
         ("CAPSAFE_KERNEL_CACHE_MAX_BYTES", "1GB", "integer >= 0"),
+        ("CAPSAFE_SIM_DEVICES", "0", "use a whole number of devices, 1 or more"),
+        ("CAPSAFE_SIM_DEVICES", "-2", "use a whole number of devices, 1 or more"),
+        ("CAPSAFE_SIM_DEVICES", "1.5", "use a whole number of devices, 1 or more"),
+        ("CAPSAFE_SIM_DEVICES", "two", "use a whole number of devices, 1 or more"),
     ],
 )
 def test_runtime_config_parse_errors_are_one_line(variable: str, value: str, expected: str) -> None:
@@ -185,6 +191,16 @@ def test_runtime_config_parse_errors_are_one_line(variable: str, value: str, exp
     assert "\n" not in message
     assert f"{variable}={value!r}" in message
     assert expected in message
+
+
+def test_sim_devices_message_is_exactly_one_line() -> None:
+    with pytest.raises(SettingError) as caught:
+        check_settings({"CAPSAFE_SIM_DEVICES": "0"})
+    assert str(caught.value) == (
+        "CAPSAFE_SIM_DEVICES='0' is not valid; use a whole number of devices, 1 or more"
+    )
+    assert check_settings({}).sim_devices == 1
+    assert check_settings({"CAPSAFE_SIM_DEVICES": ""}).sim_devices == 1
 
 
 def test_check_settings_covers_the_guard_switch_and_freezes_nothing() -> None:

@@ -44,8 +44,8 @@ def test_sim_matrix_agrees_with_the_table(tmp_path: Path, capsys: pytest.Capture
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == len(list(hazards.cells())) == 312
     assert all(set(hazard_matrix.KEYS) <= row.keys() for row in rows)
-    cells = {(r["call"], r["mode"], r["stream"], r["caller"]) for r in rows}
-    assert cells == {(c, m.value, s.value, w) for c, m, s, w in hazards.cells()}
+    cells = {(r["call"], r["mode"], r["stream"], r["caller"], r["device"]) for r in rows}
+    assert cells == {(c, m.value, s.value, w, d) for c, m, s, w, d in hazards.cells()}
     printed = capsys.readouterr().out
     assert "0 disagreement(s)" in printed.splitlines()[-1]
     for call in hazards.CALLS:
@@ -126,6 +126,82 @@ def test_cuda_backend_without_a_gpu_is_one_line_exit_2() -> None:
     assert len(done.stderr.strip().splitlines()) == 1
 
 
+def _matrix(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """The reproducer in a fresh process (its settings freeze there), CAPSAFE_* from `env`."""
+    child = {k: v for k, v in os.environ.items() if not k.startswith("CAPSAFE_")}
+    child.update(env)
+    command = [sys.executable, "-m", "capsafe_repro.hazard_matrix", *argv]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, env=child)
+
+
+def test_cross_device_matrix_on_two_simulated_devices_agrees(tmp_path: Path) -> None:
+    out = tmp_path / "cross.jsonl"
+    done = _matrix(
+        "--backend", "sim", "--cross-device", "--compare", "--json", str(out),
+        CAPSAFE_SIM_DEVICES="2",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 312 and {r["device"] for r in rows} == {hazards.OTHER_DEVICE}
+    last = done.stdout.strip().splitlines()[-1]
+    assert "capture on device 0 and call on device 1" in last
+    assert "0 disagreement(s)" in last and "predictions until measured" in last
+    assert not hazard_matrix.disagreements(rows)
+
+
+@pytest.mark.parametrize("devices", ["1", None])
+def test_cross_device_with_one_simulated_device_is_one_line_exit_2(devices: str | None) -> None:
+    done = _matrix(
+        "--backend",
+        "sim",
+        "--cross-device",
+        **({"CAPSAFE_SIM_DEVICES": devices} if devices else {}),
+    )
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: --cross-device needs 2 devices, this machine has 1")
+    assert len(done.stderr.strip().splitlines()) == 1 and done.stdout == ""
+
+
+def test_cross_device_on_a_one_gpu_machine_is_one_line_exit_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    from capsafe.sim import SimBackend
+
+    class OneGpu(SimBackend):
+        name = "cuda"
+
+    monkeypatch.setattr(hazard_matrix, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(hazard_matrix.driver, "create_backend", lambda name: (OneGpu(), "test"))
+    assert hazard_matrix.main(["--backend", "cuda", "--cross-device", "--compare"]) == 2
+    out, err = capsys.readouterr()
+    assert err == "error: --cross-device needs 2 devices, this machine has 1\n" and out == ""
+
+
+def test_one_cross_device_trial_in_its_own_process() -> None:
+    argv = ["--backend", "sim", "--trial", "ctx_sync", "relaxed", "blocking", "other_thread"]
+    same = json.loads(_matrix(*argv).stdout.strip().splitlines()[-1])
+    cross = _matrix(*argv, "--cross-device", CAPSAFE_SIM_DEVICES="2")
+    assert cross.returncode == 0, cross.stderr
+    row = json.loads(cross.stdout.strip().splitlines()[-1])
+    assert (same["device"], same["call_result"]) == (hazards.SAME_DEVICE, hazards.UNSUPPORTED)
+    assert (row["device"], row["call_result"]) == (hazards.OTHER_DEVICE, hazards.SUCCESS)
+    assert row["end_capture"] == hazards.SUCCESS  # device 1's sync does not wait on device 0
+
+
+def test_a_row_is_compared_with_the_rules_of_its_device() -> None:
+    row = hazard_matrix._row(
+        ("memcpy_htod", CaptureMode.GLOBAL, StreamKind.BLOCKING, "other_thread", "same_device"),
+        hazards.SUCCESS,
+        hazards.SUCCESS,
+    )
+    (found,) = hazard_matrix.disagreements([row])  # on its own device it is IMPLICIT
+    assert "memcpy_htod global blocking other_thread: measured ok" in found.describe()
+    cross = {**row, "device": hazards.OTHER_DEVICE}
+    assert hazard_matrix.disagreements([cross]) == []
+    del row["device"]  # rows measured before the device axis are same-device rows
+    assert len(hazard_matrix.disagreements([row])) == 1
+
+
 def test_docs_carry_the_current_rule_table() -> None:
     docs = (DATA.parent / "hazards.md").read_text()
     assert hazard_matrix.rules_markdown() in docs, (
@@ -138,14 +214,13 @@ def test_a_trial_killed_by_a_signal_is_rerun_once(monkeypatch: pytest.MonkeyPatc
 
     def fake_run(command, **kwargs):
         code = next(answers)
-        row = hazard_matrix._row(
-            ("noop", "global", "blocking", "same_thread"), "CUDA_SUCCESS", "CUDA_SUCCESS"
-        )
+        cell = ("noop", "global", "blocking", "same_thread", hazards.SAME_DEVICE)
+        row = hazard_matrix._row(cell, "CUDA_SUCCESS", "CUDA_SUCCESS")
         out = json.dumps(row) if code == 0 else ""
         return subprocess.CompletedProcess(command, code, stdout=out, stderr="")
 
     monkeypatch.setattr(hazard_matrix.subprocess, "run", fake_run)
     run = hazard_matrix._in_fresh_process("sim")
-    row = run(("noop", CaptureMode.GLOBAL, StreamKind.BLOCKING, "same_thread"))
+    row = run(("noop", CaptureMode.GLOBAL, StreamKind.BLOCKING, "same_thread", hazards.SAME_DEVICE))
     assert row["reruns"] == 1 and row["call_result"] == hazards.SUCCESS
     assert "1 trial(s) rerun" in hazard_matrix.summary_line([row], "sim", 0.0)

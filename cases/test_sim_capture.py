@@ -26,13 +26,16 @@ CELLS = list(hazards.cells())
 
 
 @pytest.mark.parametrize(
-    ("call", "mode", "stream", "caller"), CELLS, ids=["-".join(map(str, c)) for c in CELLS]
+    ("call", "mode", "stream", "caller", "device"),
+    CELLS,
+    ids=["-".join(map(str, c[:4])) for c in CELLS],
 )
-def test_every_cell_matches_the_table(call, mode, stream, caller) -> None:
+def test_every_cell_matches_the_table(call, mode, stream, caller, device) -> None:
     backend = SimBackend()
     backend.init()
     result = run_trial(backend, call, mode, stream, caller, timeout=10)
-    assert result.outcome == hazards.expected(call, mode, stream, caller)
+    assert result.outcome == hazards.expected(call, mode, stream, caller, device)
+    assert result.device == device == hazards.SAME_DEVICE
     broken = result.outcome.breaks_capture
     assert result.capturing_after == ("invalidated" if broken else "active")
 

@@ -12,7 +12,9 @@ in-process `SimBackend`, which isolates it just as well and takes milliseconds.
     python -m capsafe_repro.hazard_matrix --backend cuda --compare --json hazard.jsonl
 
 prints the matrix, one summary line, and with --compare exits 1 listing every
-cell where the measurement disagrees with the table.
+cell where the measurement disagrees with the table. `--cross-device` measures
+the same cells with the capture on device 0 and the call made in device 1's
+context (`hazards.OTHER_DEVICE`); a machine with one device exits 2 saying so.
 """
 
 from __future__ import annotations
@@ -34,10 +36,11 @@ from capsafe.backend_cuda import bindings_version, unavailable_reason
 from capsafe.context import CudaDevice
 from capsafe.errors import BackendUnavailable, CapsafeError
 from capsafe.handles import CaptureMode, StreamKind
+from capsafe.hazard_trial import ORDINALS, devices_needed, needs_devices_message
 
 from .cli import run_main, write_output
 
-KEYS = ("call", "mode", "stream", "caller", "call_result", "end_capture")
+KEYS = ("call", "mode", "stream", "caller", "device", "call_result", "end_capture")
 TRIAL_TIMEOUT_S = 120.0
 #: A trial process killed by a signal is run again this many times. Observed on an
 #: H200: a segfault in the trial's teardown (after the measurement, before it was
@@ -57,8 +60,13 @@ LEGEND = (
     "A/B: call returned A, end of capture B; *: disagrees with capsafe.hazards"
 )
 
-Cell = tuple[str, CaptureMode, StreamKind, str]
+Cell = hazards.Cell
 Row = dict[str, str]
+
+
+def _device_of(row: Row) -> str:
+    """A row's device relation; rows measured before the cross-device axis have none."""
+    return row.get("device", hazards.SAME_DEVICE)
 
 
 @dataclass(frozen=True)
@@ -70,8 +78,9 @@ class Disagreement:
         r = self.row
         measured = _code(r["call_result"], r["end_capture"])
         wanted = _code(self.expected.call_result, self.expected.end_capture)
+        where = "" if _device_of(r) == hazards.SAME_DEVICE else f" {_device_of(r)}"
         return (
-            f"{r['call']} {r['mode']} {r['stream']} {r['caller']}: measured {measured} "
+            f"{r['call']} {r['mode']} {r['stream']} {r['caller']}{where}: measured {measured} "
             f"({r['call_result']}, end {r['end_capture']}), table says {wanted}"
         )
 
@@ -92,12 +101,13 @@ def _code(call_result: str, end_capture: str) -> str:
 
 
 def _row(cell: Cell, call_result: str, end_capture: str, capturing_after: str = "") -> Row:
-    call, mode, stream, caller = cell
+    call, mode, stream, caller, device = cell
     row = {
         "call": call,
         "mode": CaptureMode.parse(mode).value,
         "stream": StreamKind(stream).value,
         "caller": caller,
+        "device": device,
         "call_result": call_result,
         "end_capture": end_capture,
     }
@@ -111,7 +121,8 @@ def measure(backend: Backend, cell: Cell) -> Row:
     from capsafe.hazard_trial import run_trial
 
     try:
-        CudaDevice(backend, 0).bind()  # the process's own retained, bound primary context
+        held = [CudaDevice(backend, n) for n in sorted(set(ORDINALS[cell[4]]))]
+        held[0].bind()  # the process's own retained primary contexts, the capture's bound
         result = run_trial(backend, *cell)
     except (CapsafeError, TimeoutError, RuntimeError) as exc:
         error = f"ERROR({type(exc).__name__}: {exc})".replace("\n", " ")
@@ -131,9 +142,7 @@ def _trial_main(cell: Cell, backend_name: str) -> int:
 
 
 def _in_process_sim(cell: Cell) -> Row:
-    from capsafe.sim import SimBackend
-
-    backend = SimBackend()
+    backend, _ = driver.create_backend("sim")  # CAPSAFE_SIM_DEVICES devices
     backend.init()
     return measure(backend, cell)
 
@@ -145,10 +154,12 @@ def _in_fresh_process(backend_name: str) -> Callable[[Cell], Row]:
     )
 
     def run(cell: Cell) -> Row:
-        call, mode, stream, caller = cell
+        call, mode, stream, caller, device = cell
         command = [sys.executable, "-m", "capsafe_repro.hazard_matrix", "--backend", backend_name]
         command += ["--trial", call, CaptureMode.parse(mode).value, StreamKind(stream).value]
         command.append(caller)
+        if device == hazards.OTHER_DEVICE:
+            command.append("--cross-device")
         reruns = -1
         while reruns < CRASH_RERUNS:
             reruns += 1
@@ -192,7 +203,9 @@ def disagreements(rows: Iterable[Row]) -> list[Disagreement]:
     """Every row whose measured outcome differs from `hazards.expected` for its cell."""
     found = []
     for row in rows:
-        want = hazards.expected(row["call"], row["mode"], row["stream"], row["caller"])
+        want = hazards.expected(
+            row["call"], row["mode"], row["stream"], row["caller"], _device_of(row)
+        )
         if (row["call_result"], row["end_capture"]) != (want.call_result, want.end_capture):
             found.append(Disagreement(row, want))
     return found
@@ -247,13 +260,21 @@ def format_table(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
+_RELATION = {
+    hazards.SAME_DEVICE: "",
+    hazards.OTHER_DEVICE: ", capture on device 0 and call on device 1",
+}
+
+
 def summary_line(rows: Sequence[Row], where: str, seconds: float) -> str:
     broke = sum(r["end_capture"] != hazards.SUCCESS for r in rows)
+    relations = {_device_of(r) for r in rows}
     errors = sum(r["end_capture"] == "ERROR" for r in rows)
     calls = len({r["call"] for r in rows})
     text = (
         f"{len(rows)} trials ({calls} calls x {len(hazards.MODES)} modes x "
-        f"{len(hazards.CAPTURE_STREAMS)} capture streams x {len(hazards.CALLERS)} callers) "
+        f"{len(hazards.CAPTURE_STREAMS)} capture streams x {len(hazards.CALLERS)} callers"
+        f"{''.join(_RELATION[d] for d in hazards.DEVICES if d in relations)}) "
         f"on {where} in {seconds:.1f} s: {len(rows) - broke} kept the capture, "
         f"{broke - errors} broke it"
     )
@@ -262,23 +283,33 @@ def summary_line(rows: Sequence[Row], where: str, seconds: float) -> str:
     reruns = sum(1 for r in rows if r.get("reruns"))
     if reruns:
         text += f", {reruns} trial(s) rerun after their process died by a signal"
-    return text + f"; {len(disagreements(rows))} disagreement(s) with capsafe.hazards"
+    text += f"; {len(disagreements(rows))} disagreement(s) with capsafe.hazards"
+    predicted = [d for d in hazards.DEVICES if d in relations and not hazards.measured(d)]
+    if predicted:
+        text += f" (the table's {', '.join(predicted)} rules are predictions until measured)"
+    return text
 
 
-def hold_device(backend_name: str) -> tuple[CudaDevice, str]:
-    """Device 0 with its primary context retained here for the whole run, and a description.
+def hold_devices(backend_name: str, device: str) -> tuple[list[CudaDevice], str]:
+    """The devices `device`'s cells use, primary contexts retained here for the whole run,
+    and a description.
 
     Holding a context in the parent keeps the GPU initialized between trial
     processes even without persistence mode; captures never cross processes, so
-    it cannot influence a trial.
+    it cannot influence a trial. Too few devices is `BackendUnavailable`, one line.
     """
     backend, _ = driver.create_backend(backend_name)
     backend.init()
-    device = CudaDevice(backend, 0).bind()
-    text = f"{backend.name}: {device.name}, driver {backend.driver_version()}"
+    if problem := needs_devices_message(device, backend.device_get_count()):
+        hint = "; set CAPSAFE_SIM_DEVICES=2 for the simulated one" if backend.name == "sim" else ""
+        raise BackendUnavailable(f"--cross-device {problem}{hint}")
+    held = [CudaDevice(backend, n) for n in range(devices_needed(device))]
+    first = held[0].bind()
+    count = f"{len(held)} x " if len(held) > 1 else ""
+    text = f"{backend.name}: {count}{first.name}, driver {backend.driver_version()}"
     if backend_name == "cuda":
         text += f", cuda-bindings {bindings_version()}"
-    return device, text
+    return held, text
 
 
 def rules_markdown() -> str:
@@ -289,20 +320,26 @@ def rules_markdown() -> str:
         return "any" if len(chosen) == len(everything) else ", ".join(chosen)
 
     lines = [
-        "| rule | calls | modes | capture stream | caller | the call returns | why |",
-        "|---|---|---|---|---|---|---|",
+        "| rule | calls | modes | capture stream | caller | device | measured | the call returns "
+        "| why |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for rule in hazards.RULES:
         calls = "<br>".join(f"`{c}`: {hazards.CALLS[c]}" for c in hazards.CALLS if c in rule.calls)
         lines.append(
             f"| {rule.name} | {calls} | {names(rule.modes, hazards.MODES)} "
             f"| {names(rule.streams, hazards.CAPTURE_STREAMS)} "
-            f"| {names(rule.callers, hazards.CALLERS)} | `{_short(rule.result)}`, capture "
+            f"| {names(rule.callers, hazards.CALLERS)} | {names(rule.devices, hazards.DEVICES)} "
+            f"| {'yes' if rule.measured else '**no: predicted**'} "
+            f"| `{_short(rule.result)}`, capture "
             f"invalidated | {rule.why} |"
         )
     safe = [c for c in hazards.CALLS if not hazards.ever_breaks(c)]
     lines.append("")
-    lines.append("Every other call kept the capture in every cell:")
+    lines.append(
+        "Every other call kept the capture in every same-device cell (and is predicted to "
+        "keep it in every other-device cell):"
+    )
     lines.append("")
     lines += [f"- `{c}`: {hazards.CALLS[c]}" for c in safe]
     return "\n".join(lines)
@@ -349,6 +386,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="run sim trials in fresh processes too (cuda trials always are)",
     )
     parser.add_argument(
+        "--cross-device",
+        action="store_true",
+        help="capture on device 0, make the call in device 1's context (needs 2 devices; "
+        "the sim has CAPSAFE_SIM_DEVICES)",
+    )
+    parser.add_argument(
         "--rules",
         action="store_true",
         help="print the rule table of capsafe.hazards as Markdown (as in docs/hazards.md) and exit",
@@ -362,21 +405,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _selected_cells(parser: argparse.ArgumentParser, calls: str | None) -> list[Cell]:
+def _selected_cells(parser: argparse.ArgumentParser, calls: str | None, device: str) -> list[Cell]:
     if not calls:
-        return list(hazards.cells())
+        return list(hazards.cells(device))
     wanted = [c.strip() for c in calls.split(",") if c.strip()]
     unknown = [c for c in wanted if c not in hazards.CALLS]
     if unknown:
         parser.error(f"unknown call(s) {', '.join(unknown)}; known: {', '.join(hazards.CALLS)}")
-    return [cell for cell in hazards.cells() if cell[0] in wanted]
+    return [cell for cell in hazards.cells(device) if cell[0] in wanted]
 
 
-def _parse_trial(parser: argparse.ArgumentParser, trial: Sequence[str]) -> Cell:
+def _parse_trial(parser: argparse.ArgumentParser, trial: Sequence[str], device: str) -> Cell:
     call, mode, stream, caller = trial
     try:
-        hazards.rule_for(call, mode, stream, caller)
-        return call, CaptureMode.parse(mode), StreamKind(stream), caller
+        hazards.rule_for(call, mode, stream, caller, device)
+        return call, CaptureMode.parse(mode), StreamKind(stream), caller, device
     except (KeyError, ValueError) as exc:
         parser.error(f"bad --trial {' '.join(trial)}: {exc}")
 
@@ -397,14 +440,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.rules:
         print(rules_markdown())
         return 0
+    device = hazards.OTHER_DEVICE if args.cross_device else hazards.SAME_DEVICE
     try:
         args.backend = args.backend or _default_backend()
         if args.trial:
-            return _trial_main(_parse_trial(parser, args.trial), args.backend)
-        cells = _selected_cells(parser, args.calls)
+            return _trial_main(_parse_trial(parser, args.trial, device), args.backend)
+        cells = _selected_cells(parser, args.calls, device)
         if args.backend == "cuda" and (reason := unavailable_reason()):
             raise BackendUnavailable(f"--backend cuda needs a GPU, but {reason}; use --backend sim")
-        _held, where = hold_device(args.backend)
+        _held, where = hold_devices(args.backend, device)
     except BackendUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -127,7 +127,7 @@ class SimBackend(Backend):
         """Check init, the calling thread's context and the capture table; return the context."""
         self._ready(symbol)
         ctx = self._current(symbol)
-        capture.apply_hazards(self._captures(), method, symbol, stream)
+        capture.apply_hazards(self._captures(), method, symbol, stream, ctx.handle.value)
         return ctx
 
     def _current(self, symbol: str) -> _Context:
@@ -232,7 +232,11 @@ class SimBackend(Backend):
             self._ready("cuDevicePrimaryCtxRetain")
             state = self._device(device, "cuDevicePrimaryCtxRetain")
             capture.apply_hazards(
-                self._captures(), "primary_ctx_retain", "cuDevicePrimaryCtxRetain", None
+                self._captures(),
+                "primary_ctx_retain",
+                "cuDevicePrimaryCtxRetain",
+                None,
+                state.context_handle.value,
             )
             if state.context is None:
                 state.context = _Context(state.context_handle, self._addresses, self._seq)
@@ -250,7 +254,11 @@ class SimBackend(Backend):
                     "the primary context is not retained",
                 )
             capture.apply_hazards(
-                self._captures(), "primary_ctx_release", "cuDevicePrimaryCtxRelease", None
+                self._captures(),
+                "primary_ctx_release",
+                "cuDevicePrimaryCtxRelease",
+                None,
+                state.context_handle.value,
             )
             state.refcount -= 1
             if state.refcount == 0 and state.context is not None:
@@ -336,7 +344,7 @@ class SimBackend(Backend):
         with self._lock:
             ctx = self._enter("stream_begin_capture", "cuStreamBeginCapture", stream)
             ss = self._stream(ctx, stream, "cuStreamBeginCapture")
-            capture.begin(ctx.captures, ss, mode)
+            capture.begin(ctx.captures, ss, mode, ctx.handle.value)
 
     def stream_end_capture(self, stream: Stream) -> Graph:
         with self._lock:

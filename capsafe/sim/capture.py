@@ -3,7 +3,9 @@
 Work put on a capturing stream becomes a node of the graph instead of running.
 Before every call the backend asks `apply_hazards` whether the measured table
 (`capsafe.hazards`) says that call breaks an open capture; if so the call fails
-with the table's CUresult and each capture it broke becomes INVALIDATED.
+with the table's CUresult and each capture it broke becomes INVALIDATED. A call
+made in another device's context than the capture's is looked up as
+`OTHER_DEVICE`, so the sim applies the table's cross-device rows, no rules of its own.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class Capture:
     stream: Stream
     mode: CaptureMode
     owner: int  # thread ident
+    context: int  # the value of the capturing stream's context handle
     nodes: list[Node] = field(default_factory=list)
     owned: list[Alloc] = field(default_factory=list)
     status: CaptureStatus = CaptureStatus.ACTIVE
@@ -48,9 +51,13 @@ Captures = dict[int, Capture]  # one context's open captures by stream value, in
 
 
 def apply_hazards(
-    captures: Iterable[Capture], method: str, symbol: str, stream: Stream | None
+    captures: Iterable[Capture], method: str, symbol: str, stream: Stream | None, context: int
 ) -> None:
-    """Fail the call, and invalidate each capture it breaks, per the hazard table."""
+    """Fail the call, and invalidate each capture it breaks, per the hazard table.
+
+    `context` is the value of the context the call runs in (the current one, or the
+    primary context a retain or release names).
+    """
     me = threading.get_ident()
     fired: tuple[str, hazards.Rule] | None = None
     for capture in captures:
@@ -60,7 +67,8 @@ def apply_hazards(
         if call is None:
             continue
         caller = hazards.SAME_THREAD if capture.owner == me else hazards.OTHER_THREAD
-        rule = hazards.rule_for(call, capture.mode, capture.stream.kind, caller)
+        device = hazards.SAME_DEVICE if capture.context == context else hazards.OTHER_DEVICE
+        rule = hazards.rule_for(call, capture.mode, capture.stream.kind, caller, device)
         if rule is not None:
             capture.status = CaptureStatus.INVALIDATED
             fired = fired or (call, rule)
@@ -69,14 +77,17 @@ def apply_hazards(
         raise cuda_error(rule.result, symbol, f"{call} during a capture: {rule.why}")
 
 
-def begin(captures: Captures, ss: StreamState, mode: CaptureMode | str) -> None:
+def begin(captures: Captures, ss: StreamState, mode: CaptureMode | str, context: int) -> None:
     symbol = "cuStreamBeginCapture"
     if ss.kind is StreamKind.LEGACY:
         raise cuda_error(hazards.UNSUPPORTED, symbol, "the legacy stream cannot be captured")
     if ss.capture is not None:
         raise cuda_error("CUDA_ERROR_ILLEGAL_STATE", symbol, "the stream is already capturing")
     ss.capture = captures[ss.handle.value] = Capture(
-        stream=ss.handle, mode=CaptureMode.parse(mode), owner=threading.get_ident()
+        stream=ss.handle,
+        mode=CaptureMode.parse(mode),
+        owner=threading.get_ident(),
+        context=context,
     )
 
 
