@@ -269,34 +269,30 @@ def parse_choice(environ: Environ, name: str, choices: tuple[str, ...], default:
     return raw.lower()
 
 
-def parse_size(environ: Environ, name: str, default: int) -> int:
-    """A byte count >= 0; unset or empty gives `default`."""
+def _parse_int(environ: Environ, name: str, default: int, minimum: int, remedy: str) -> int:
+    """An integer >= `minimum`; unset or empty gives `default`; else `NAME='raw' remedy`."""
     raw = _value(environ, name)
     if raw is None:
         return default
     try:
-        size = int(raw)
+        number = int(raw)
     except ValueError:
-        size = -1
-    if size < 0:
-        raise SettingError(
-            f"{name}={raw!r} is not a byte count; use an integer >= 0 (0 = unbounded)"
-        )
-    return size
+        number = minimum - 1
+    if number < minimum:
+        raise SettingError(f"{name}={raw!r} {remedy}")
+    return number
+
+
+def parse_size(environ: Environ, name: str, default: int) -> int:
+    """A byte count >= 0; unset or empty gives `default`."""
+    remedy = "is not a byte count; use an integer >= 0 (0 = unbounded)"
+    return _parse_int(environ, name, default, 0, remedy)
 
 
 def parse_count(environ: Environ, name: str, default: int, unit: str) -> int:
     """A whole number of `unit` (plural), 1 or more; unset or empty gives `default`."""
-    raw = _value(environ, name)
-    if raw is None:
-        return default
-    try:
-        count = int(raw)
-    except ValueError:
-        count = 0
-    if count < 1:
-        raise SettingError(f"{name}={raw!r} is not valid; use a whole number of {unit}, 1 or more")
-    return count
+    remedy = f"is not valid; use a whole number of {unit}, 1 or more"
+    return _parse_int(environ, name, default, 1, remedy)
 
 
 # -- capsafe's own settings ---------------------------------------------------
