@@ -4,11 +4,23 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
+from capsafe.integrations import NAMES
 from capsafe_harness import phase_times
-from capsafe_harness.capture_sweep import CaptureEvidence, CapturePhases, neighbor_args
+from capsafe_harness.capture_sweep import (
+    CaptureEvidence,
+    CapturePhases,
+    neighbor_args,
+    protect_choice,
+)
 from capsafe_harness.classify import Attempt
+from capsafe_harness.options import SweepError
+from capsafe_harness.protect import FRAMEWORKS
 
 BREAKS = {"cap": {"ctx_sync", "memset_sync"}}  # what breaks each capture-unsafe test
+UNPROTECTABLE = {"bypass"}  # tests that still break with --capsafe-protect
+BATCH_ONLY = {"flaky_in_batch"}  # tests that break with protection only beside other tests
 
 
 def attempt(nodeid: str, failed: bool, capture: bool = False, run: str = "r") -> Attempt:
@@ -18,17 +30,28 @@ def attempt(nodeid: str, failed: bool, capture: bool = False, run: str = "r") ->
 
 class FakeHost:
     """Runs batches as the neighbours would break them: `cap` fails with a capture error
-    under any kind in BREAKS, `always` fails every time, `plain` passes."""
+    under any kind in BREAKS, `always` fails every time, `plain` passes. With protection,
+    only UNPROTECTABLE tests break (and BATCH_ONLY ones beside other tests)."""
 
-    def __init__(self) -> None:
+    def __init__(self, installed: tuple[str, ...] = ("cupy",)) -> None:
         self.batches: list[tuple[tuple[str, ...], bool, tuple[str, ...]]] = []
+        self.protected: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
+        self.installed = installed
 
-    def batch(self, tests, *, neighbors, calls, seed, kind):
-        self.batches.append((tuple(tests), neighbors, tuple(calls)))
+    def frameworks(self):
+        return self.installed
+
+    def batch(self, tests, *, neighbors, calls, seed, kind, protect=()):
+        if protect:
+            self.protected.append((tuple(tests), tuple(protect)))
+        else:
+            self.batches.append((tuple(tests), neighbors, tuple(calls)))
         out = {}
         for t in tests:
             kinds = set(calls) if calls else {"ctx_sync", "mem_alloc", "memset_sync"}
             broke = neighbors and bool(kinds & BREAKS.get(t, set()))
+            if protect:
+                broke = t in UNPROTECTABLE or (t in BATCH_ONLY and len(tests) > 1)
             failed = broke or t == "always"
             out[(kind, t)] = attempt(t, failed, capture=broke or t == "always", run=kind)
         return out
@@ -129,3 +152,79 @@ def test_a_capture_error_seen_only_alone_still_gets_its_breaking_calls():
         assert len(host.batches) == processes
     finally:
         del BREAKS["late"]
+
+
+@pytest.fixture
+def three_unsafe():
+    """Phases after isolation with three capture-unsafe tests: one the integration protects,
+    one whose capture bypasses every hook, one that breaks protected only beside others."""
+    BREAKS.update({"bypass": {"ctx_sync"}, "flaky_in_batch": {"ctx_sync"}})
+    try:
+        phases, host = CapturePhases(2, ["mem_alloc", "ctx_sync", "memset_sync"]), FakeHost()
+        for nodeid in ("bypass", "cap", "flaky_in_batch"):
+            phases.saw(attempt(nodeid, True, capture=True), neighbors=True)
+        phases.isolate(host, ["bypass", "cap", "flaky_in_batch"], 2, [1, 2], seed=5)
+        yield phases, host
+    finally:
+        del BREAKS["bypass"], BREAKS["flaky_in_batch"]
+
+
+def test_capture_unsafe_tests_are_rerun_protected_batched_then_alone(three_unsafe):
+    phases, host = three_unsafe
+    phases.protect(host, "cupy", 2, [1, 2])
+    everyone = ("bypass", "cap", "flaky_in_batch")
+    assert (
+        host.protected
+        == [(everyone, ("cupy",))] * 2
+        + [(("bypass",), ("cupy",))] * 2
+        + [(("flaky_in_batch",), ("cupy",))] * 2
+    )  # the tests a batch failed get alone reruns, and those decide
+    fields = {t: phases.test_fields(t, "pytest t.py") for t in everyone}
+    assert [fields[t]["survived"] for t in everyone] == [False, True, True]
+    assert (fields["bypass"]["protected_runs"], fields["bypass"]["protected_failures"]) == (2, 2)
+    assert fields["cap"]["protect"] == ["cupy"]
+    assert fields["cap"]["protection"] == "with protection: survived 2/2 (cupy)"
+    assert fields["bypass"]["protection"] == (
+        "still fails 2/2 with protection (cupy): not protectable by capsafe "
+        "(see docs/integrations.md, hazard rows: always (ctx_sync))"
+    )
+    assert "; with protection: survived 2/2 (cupy); breaks under: ctx_sync" in phases.why("cap")
+
+
+def test_protect_none_does_no_protected_reruns(three_unsafe):
+    phases, host = three_unsafe
+    phases.protect(host, "none", 2, [1, 2])
+    assert host.protected == []
+    fields = phases.test_fields("cap", "pytest t.py")
+    assert (fields["survived"], fields["protected_runs"]) == (None, 0)
+    assert fields["protection"] == "with protection: not rerun (--protect none)"
+
+
+def test_auto_without_a_framework_gives_no_verdict(three_unsafe):
+    phases, _ = three_unsafe
+    host = FakeHost(installed=())
+    phases.protect(host, "auto", 2, [1, 2])
+    assert host.protected == []
+    fields = phases.test_fields("bypass", "pytest t.py")
+    assert (fields["survived"], fields["protect"]) == (None, [])
+    assert fields["protection"].startswith("with protection: no capsafe integration applies")
+    auto = FakeHost(installed=("cuda_core",))
+    phases.protect(auto, "auto", 1, [1])
+    assert {p for _, p in auto.protected} == {("cuda_core",)}
+
+
+def test_a_sweep_stopped_before_its_protected_reruns_says_so():
+    phases, host = phases_after_suite_runs(), FakeHost()
+    phases.isolate(host, ["cap"], 2, [1, 2], seed=5)
+    fields = phases.test_fields("cap", "pytest t.py")
+    assert fields["survived"] is None and "stopped before its protected reruns" in fields[
+        "protection"]  # fmt: skip
+
+
+def test_the_protect_option_values():
+    assert set(FRAMEWORKS) == set(NAMES)  # every integration has its framework to look for
+    assert protect_choice(" auto") == "auto" and protect_choice("none") == "none"
+    assert protect_choice("cupy, cuda_core,cupy") == "cupy,cuda_core"
+    for bad in ("tensorflow", "cupy,torch", ","):
+        with pytest.raises(SweepError, match=r"^--protect: unknown integration"):
+            protect_choice(bad)

@@ -57,3 +57,21 @@ def test_neighbours_that_could_not_start_are_the_headline():
 def test_nothing_gpu_related_adds_nothing():
     gpu = gpu_report.gpu_section([], [], None)
     assert gpu_report.markdown(gpu) == [] and gpu_report.html_section(gpu) == ""
+
+
+def test_each_capture_unsafe_test_says_whether_it_survived_protection():
+    survived = {
+        **UNSAFE,
+        "capture": {
+            **UNSAFE["capture"],
+            "survived": True,
+            "protection": "with protection: survived 3/3 (cupy)",
+        },
+    }
+    older = {**UNSAFE, "nodeid": "t.py::test_old"}  # a summary from before --protect
+    gpu = gpu_report.gpu_section([survived, older], [], None)
+    assert gpu["capture_unsafe"][0]["survived"] is True
+    md = gpu_report.markdown(gpu)
+    assert "  With protection: survived 3/3 (cupy)." in md
+    assert sum("protection" in line for line in md) == 1
+    assert "<p>With protection: survived 3/3 (cupy).</p>" in gpu_report.html_section(gpu)

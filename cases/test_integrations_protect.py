@@ -154,10 +154,16 @@ def test_a_method_of_an_immutable_extension_type_is_replaced_and_restored():
     assert cls.__dict__["begin_building"] is original
 
 
-def _summary(directory: Path, tests: list[tuple[str, str, list[str]]]) -> Path:
+def _summary(directory: Path, tests: list[tuple[str, str, list[str]]], *pytest_args: str) -> Path:
+    """A sweep's summary.json and sweep.json; a test not `pass` failed 1 of 2 runs."""
     directory.mkdir()
-    rows = [{"nodeid": n, "classification": c, "signals": s} for n, c, s in tests]
+    rows = [
+        {"nodeid": n, "classification": c, "signals": s, "runs": 2, "failures": int(c != "pass"),
+         "isolation_runs": 0, "isolation_failures": 0}
+        for n, c, s in tests
+    ]  # fmt: skip
     (directory / "summary.json").write_text(json.dumps({"tests": rows}))
+    (directory / "sweep.json").write_text(json.dumps({"options": {"pytest_args": pytest_args}}))
     return directory
 
 
@@ -169,19 +175,36 @@ def test_survival_lists_each_capture_unsafe_test_and_whether_it_passed_protected
             ("t.py::b", "capture-unsafe", []),
             ("t.py::c", "fail", []),  # fails for another reason: not the protection's business
             ("t.py::d", "pass", []),
+            ("t.py::e", "capture-unsafe", []),
         ],
     )
     after = _summary(
         tmp_path / "protected",
         [("t.py::a", "pass", []), ("t.py::b", "flaky", ["capture-invalidated"])],
+        "-x",
+        "--capsafe-protect=cupy",
     )
     assert protect.main([str(before), str(after)]) == 1
     assert capsys.readouterr().out.splitlines() == [
         "survived: t.py::a (fail without protection, pass with it)",
         "NOT protected: t.py::b (capture-unsafe without protection, flaky with it)",
-        "capsafe protect: 1 of 2 capture-unsafe tests pass with protection",
+        "no verdict: t.py::e (capture-unsafe without protection, not run with it)",
+        "capsafe protect: 1 of 3 capture-unsafe tests pass with protection",
     ]
-    assert protect.main([str(before)]) == 2
+    ((_, _, _, runs),) = [r for r in protect.survival(before, after) if r[0] == "t.py::b"]
+    assert (runs.frameworks, runs.survived, runs.capture_failures) == (("cupy",), False, 1)
+    assert protect.main([str(before)]) == 2  # a one-sweep summary without protected reruns
+    assert protect.main([]) == 2
+
+
+def test_a_second_sweep_without_protection_gives_no_verdict(tmp_path):
+    before = _summary(tmp_path / "bare", [("t.py::a", "capture-unsafe", [])])
+    after = _summary(tmp_path / "again", [("t.py::a", "pass", [])], "--capsafe-protect", "")
+    ((_, _, now, runs),) = protect.survival(before, after)
+    assert (now, runs.frameworks, runs.survived) == ("pass", (), None)
+    assert protect.protected_by(["--capsafe-protect", "cuda_core", "--capsafe-protect=cupy"]) == (
+        "cupy",
+    )
 
 
 @pytest.mark.slow

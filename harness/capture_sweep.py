@@ -15,11 +15,20 @@ isolation rerun. The evidence rule allows it: a pass without neighbours is a pas
 whatever else ran in the process, and a test whose control run fails there gets
 the ordinary alone reruns. Attribution processes likewise run all undecided
 tests at once, and the processes of one step run in parallel up to --workers.
+
+Last, every capture-unsafe test is rerun beside the same neighbours with
+`--capsafe-protect=FRAMEWORKS` (`--protect`: `auto`, the integrations whose framework
+the suite's interpreter finds; `none`; or names), R times, batched by the same rule:
+a test that passes every batched rerun survived; one that failed in a batch gets R
+alone reruns, and those decide (harness.protect.ProtectedRuns holds the verdict).
 """
 
 from __future__ import annotations
 
+import os
 import shlex
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -30,9 +39,13 @@ from . import attribution as attr
 from . import neighbors as nb
 from . import order
 from .classify import Attempt, attempts
+from .options import SweepError
+from .protect import FRAMEWORKS, ProtectedRuns
+from .protect import OPTION as PROTECT_OPTION
 
 CAPTURE_SIGNAL = "capture-invalidated"
 NEIGHBOR_CALLS_OPTION = "--capsafe-neighbor-calls"
+AUTO, NO_PROTECTION = "auto", "none"  # the `--protect` choices besides integration names
 
 
 class NeighborsDidNotStart(Exception):
@@ -44,11 +57,14 @@ class Host(Protocol):
 
     def batch(
         self, tests: Sequence[str], *, neighbors: bool, calls: Sequence[str], seed: int | None,
-        kind: str,
+        kind: str, protect: Sequence[str] = (),
     ) -> dict[tuple[str, str], Attempt]: ...  # fmt: skip
 
     def pool(self, desc: str, jobs: Sequence[Any], work: Callable[[Any, int], list[Any]]) -> None:
         """Run `work(job, i)` on up to --workers threads; a job returns more jobs to queue."""
+
+    def frameworks(self) -> tuple[str, ...]:
+        """The integrations whose framework the suite's interpreter finds (`--protect auto`)."""
 
 
 @dataclass
@@ -103,6 +119,7 @@ class CapturePhases:
         self.evidence: dict[str, CaptureEvidence] = {}
         self.attributions: dict[str, attr.Attribution] = {}
         self.attribution_processes = 0
+        self.protection: dict[str, ProtectedRuns] = {}
         self._lock = threading.Lock()
 
     def _of(self, nodeid: str) -> CaptureEvidence:
@@ -198,7 +215,56 @@ class CapturePhases:
         self.attribution_processes += group.processes
         self.attributions.update({t: group.result(t) for t in late})
 
+    # -- protection -------------------------------------------------------------
+    def protect(self, host: Host, choice: str, runs: int, seeds: Sequence[int]) -> None:
+        """Rerun every capture-unsafe test with neighbours and `--capsafe-protect`, `runs`
+        times, batched first (see the module doc); `choice` is the `--protect` value."""
+        tests = sorted(n for n in self.evidence if self.capture_unsafe(n))
+        if not tests:
+            return
+        if choice == NO_PROTECTION:
+            self.protection = {t: ProtectedRuns(not_run="--protect none") for t in tests}
+            return
+        frameworks = host.frameworks() if choice == AUTO else tuple(choice.split(","))
+        self.protection = {t: ProtectedRuns(frameworks) for t in tests}
+        if not frameworks:
+            return
+        batch_passes = dict.fromkeys(tests, 0)
+
+        def rerun(job: tuple[tuple[str, ...], int], _: int) -> list[Any]:
+            targets, k = job
+            found = host.batch(targets, neighbors=True, calls=(), seed=seeds[k],
+                               kind="protect", protect=frameworks)  # fmt: skip
+            with self._lock:
+                for attempt in found.values():
+                    if len(targets) > 1:
+                        batch_passes[attempt.nodeid] += not attempt.failed
+                    elif attempt.nodeid in targets:
+                        p = self.protection[attempt.nodeid]
+                        p.runs += 1
+                        p.failures += attempt.failed
+                        p.capture_failures += capture_failure(attempt)
+            return []
+
+        if len(tests) > 1:
+            host.pool("protected reruns", [(tuple(tests), k) for k in range(runs)], rerun)
+        alone = [t for t in tests if len(tests) == 1 or batch_passes[t] < runs]
+        for t in tests:
+            if t not in alone:
+                self.protection[t].runs = runs
+        host.pool("protected reruns alone", [((t,), k) for t in alone for k in range(runs)],
+                  rerun)  # fmt: skip
+
     # -- reporting --------------------------------------------------------------
+    def _protected(self, nodeid: str) -> ProtectedRuns:
+        return self.protection.get(nodeid) or ProtectedRuns(
+            not_run="the sweep stopped before its protected reruns"
+        )
+
+    def _protection_line(self, nodeid: str) -> str:
+        found = self.attributions.get(nodeid)
+        return self._protected(nodeid).describe(found.breaks if found else ())
+
     def why(self, nodeid: str) -> str:
         """The evidence of a capture-unsafe verdict, in words."""
         ev = self._of(nodeid)
@@ -208,13 +274,16 @@ class CapturePhases:
             f"failed with a capture error in {ev.capture_failures} of {ev.neighbor_runs} runs "
             f"with neighbour threads; passed {passed} of {control} without them"
         )
+        text += f"; {self._protection_line(nodeid)}"
         found = self.attributions.get(nodeid)
         return f"{text}; {attr.describe(found)}" if found else text
 
     def test_fields(self, nodeid: str, replay: str) -> dict[str, Any]:
         """What summary.json's row of a capture-unsafe test adds: evidence, attribution,
-        advice, and the replay line with neighbours limited to the breaking kinds."""
+        advice, the replay line with neighbours limited to the breaking kinds, and the
+        protected reruns with their verdict (`survived`) and line (`protection`)."""
         ev = self._of(nodeid)
+        protected = self._protected(nodeid)
         found = self.attributions.get(nodeid, attr.Attribution(undecided=list(self.calls)))
         breaking = found.breaks or list(self.calls)
         return {
@@ -226,6 +295,11 @@ class CapturePhases:
             "verdict": attr.describe(found),
             "advice": attr.advice(found),
             "replay": f"{replay} {NEIGHBOR_CALLS_OPTION}={shlex.quote(','.join(breaking))}",
+            "protect": list(protected.frameworks),
+            "protected_runs": protected.runs,
+            "protected_failures": protected.failures,
+            "survived": protected.survived,
+            "protection": self._protection_line(nodeid),
         }
 
 
@@ -237,6 +311,36 @@ def neighbor_args(with_neighbors: bool, calls: Sequence[str] = ()) -> tuple[str,
     return (f"{NEIGHBOR_CALLS_OPTION}={','.join(calls)}",) if calls else ()
 
 
+def protect_choice(value: str) -> str:
+    """A `--protect` value checked: `auto`, `none`, or integration names joined by commas
+    (duplicates dropped); SweepError with a one-line reason otherwise."""
+    value = value.strip()
+    if value in (AUTO, NO_PROTECTION):
+        return value
+    names = list(dict.fromkeys(n.strip() for n in value.split(",") if n.strip()))
+    unknown = [n for n in names if n not in FRAMEWORKS]
+    if unknown or not names:
+        raise SweepError(
+            f"--protect: unknown integration {(unknown or [value])[0]!r}; give auto, none or "
+            f"a comma-separated list of: {', '.join(FRAMEWORKS)}"
+        )
+    return ",".join(names)
+
+
+#: Run in the suite's directory by its interpreter: prints the integrations whose framework
+#: it finds (importlib's spec only: nothing is imported, CUDA is not initialized).
+_FIND_FRAMEWORKS = """
+import importlib.util
+for name, module in {table!r}.items():
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ImportError:  # a missing parent package (`cuda` for cuda.core)
+        found = False
+    if found:
+        print(name)
+"""
+
+
 class SweepHost:
     """The `Host` the capture phases use, over a `harness.sweep.Sweep`."""
 
@@ -245,9 +349,10 @@ class SweepHost:
 
     def batch(
         self, tests: Sequence[str], *, neighbors: bool, calls: Sequence[str], seed: int | None,
-        kind: str,
+        kind: str, protect: Sequence[str] = (),
     ) -> dict[tuple[str, str], Attempt]:  # fmt: skip
-        """Run `tests` in this order in one fresh process (no xdist); their attempts."""
+        """Run `tests` in this order in one fresh process (no xdist), with `--capsafe-protect`
+        when `protect` names integrations; their attempts."""
         s = self.sweep
         if s.runner.stopping.is_set():
             raise KeyboardInterrupt
@@ -256,7 +361,8 @@ class SweepHost:
         order.write_replay(replay_file, list(tests))
         cmd = s.runner.pytest_command(
             s.runner.replay_targets(tests), s.raw / label, label, seed=seed, workers=0,
-            replay_file=replay_file, extra=neighbor_args(neighbors, calls),
+            replay_file=replay_file, extra=neighbor_args(neighbors, calls)
+            + ((f"{PROTECT_OPTION}={','.join(protect)}",) if protect else ()),
         )  # fmt: skip
         result = s.runner.run(label, cmd)
         s._take(result)
@@ -264,6 +370,24 @@ class SweepHost:
 
     def pool(self, desc: str, jobs: Sequence[Any], work: Callable[[Any, int], list[Any]]) -> None:
         self.sweep._pool(desc, jobs, work)
+
+    def frameworks(self) -> tuple[str, ...]:
+        """Asked of the suite's own interpreter in its directory, as its test processes would
+        import; a note and none when that check itself fails."""
+        code = _FIND_FRAMEWORKS.format(table=FRAMEWORKS)
+        try:
+            done = subprocess.run([sys.executable, "-c", code], cwd=self.sweep.runner.cwd,
+                                  env=dict(os.environ), capture_output=True, text=True,
+                                  timeout=120)  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            self.sweep.notes.append(f"--protect auto: could not look for the frameworks: {exc}")
+            return ()
+        if done.returncode:
+            reason = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+            self.sweep.notes.append(f"--protect auto: could not look for the frameworks: {reason}")
+            return ()
+        found = set(done.stdout.split())
+        return tuple(n for n in FRAMEWORKS if n in found)
 
 
 def check_started(records_dir: Path) -> None:

@@ -3,7 +3,8 @@
 `gpu_section` gathers, from the sweep's verdicts and rows, what a GPU engineer
 reads first: the neighbour threads (or why they could not start) with their own
 driver errors per call kind, each capture-unsafe test with the call kinds that
-break it, what that says about its capture mode and how to fix it, and the replay
+break it, what that says about its capture mode and how to fix it, whether it
+survived its reruns with `--capsafe-protect` (harness.capture_sweep), and the replay
 line reproducing it; frozen-config violations with each variable's frozen and
 current value; `CUDA_*`/`CAPSAFE_*` variables tests left changed.
 `markdown` and `html` render it for report.md and report.html.
@@ -55,6 +56,10 @@ def gpu_section(
     }
 
 
+def _sentence(text: str) -> str:
+    return f"{text[0].upper()}{text[1:]}."
+
+
 def _change(variable: str, frozen: str, now: str) -> dict[str, str]:
     return {"variable": variable, "frozen": frozen, "now": now}
 
@@ -93,6 +98,7 @@ def markdown(gpu: Mapping[str, Any] | None) -> list[str]:
         lines += [
             f"- `{t['nodeid']}` is capture-unsafe: {t['verdict']}.",
             f"  {t['advice'][0].upper()}{t['advice'][1:]}.",
+            *([f"  {_sentence(t['protection'])}"] if t.get("protection") else []),
             "",
             "  ```sh",
             f"  {t['replay']}",
@@ -118,9 +124,11 @@ def html_section(gpu: Mapping[str, Any] | None) -> str:
     parts = ["<h2>GPU</h2>"]
     parts += [f'<p class="note">{e(line)}</p>' for line in _neighbor_lines(gpu["neighbors"])]
     for t in gpu.get("capture_unsafe", []):
+        protection = t.get("protection")
         parts.append(
             f'<div class="gpu-test"><p><code>{e(t["nodeid"])}</code> is '
             f"<b>capture-unsafe</b>: {e(t['verdict'])}.</p><p>{e(t['advice'])}.</p>"
+            f"{f'<p>{e(_sentence(protection))}</p>' if protection else ''}"
             f"<pre>{e(t['replay'])}</pre></div>"
         )
     rows = [

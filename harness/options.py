@@ -31,6 +31,7 @@ class SweepOptions:
     invoked_from: Path | None = None  # where `capsafe sweep` ran; None: the current directory
     resume: bool = False  # continue the sweep already in `out` (same seed and options)
     force: bool = False  # start over in an `out` that holds a sweep
+    protect: str = "auto"  # --protect: auto, none, or integration names (harness.capture_sweep)
 
     @property
     def stall_limit(self) -> float:

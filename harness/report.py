@@ -259,7 +259,8 @@ def _cause_text(test: Mapping[str, Any]) -> str:
         return "beside " + ", ".join(test["concurrent"])
     if test.get("unconfirmed"):
         return "unconfirmed: " + " + ".join(test["unconfirmed"])
-    return ""
+    capture = test.get("capture")
+    return str(capture.get("protection", "")) if isinstance(capture, dict) else ""
 
 
 def _evidence_lines(test: Mapping[str, Any]) -> list[str]:

@@ -302,6 +302,7 @@ class Sweep:
 
         self._pool("isolation reruns", jobs, alone, target=lambda job: job[0])
         self.capture.attribute_late(capture_sweep.SweepHost(self), failing, self.options.seed)
+        self.capture.protect(capture_sweep.SweepHost(self), self.options.protect, runs, batch_seeds)
 
     def _alone(
         self, nodeid: str, seed: int | None, extra: Sequence[str] = ()

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
-from . import classify, sweep
+from . import capture_sweep, classify, sweep
 
 EPILOG = """\
 exit codes:
@@ -116,6 +116,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--neighbors", type=int, default=0, metavar="K",
                         help="capsafe neighbour threads per test process issuing "
                         "capture-breaking calls (default 0)")  # fmt: skip
+    parser.add_argument("--protect", default=capture_sweep.AUTO, metavar="auto|none|NAME,...",
+                        help="rerun each capture-unsafe test with --capsafe-protect=NAMES beside "
+                        "the neighbours; auto: the integrations (cupy, cuda_core) whose framework "
+                        "the suite's interpreter finds (default auto)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=1, metavar="T",
                         help="run each test body in T threads at once, through "
                         "pytest-run-parallel (default 1)")  # fmt: skip
@@ -230,6 +234,7 @@ def options_from(args: argparse.Namespace) -> sweep.SweepOptions:
         invoked_from=Path.cwd(),
         resume=args.resume,
         force=args.force,
+        protect=capture_sweep.protect_choice(args.protect),
     )
     if args.resume:
         before = sweep.resumed_options(out)
