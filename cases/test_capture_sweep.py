@@ -228,3 +228,18 @@ def test_the_protect_option_values():
     for bad in ("tensorflow", "cupy,torch", ","):
         with pytest.raises(SweepError, match=r"^--protect: unknown integration"):
             protect_choice(bad)
+
+
+def test_protected_reruns_that_run_no_test_give_no_verdict(three_unsafe):
+    phases, _ = three_unsafe
+
+    class CannotInstall(FakeHost):  # every protected process stops at a usage error
+        def batch(self, tests, *, protect=(), **kwargs):
+            return {} if protect else super().batch(tests, protect=protect, **kwargs)
+
+    phases.protect(CannotInstall(), "cupy", 2, [1, 2])
+    fields = phases.test_fields("cap", "pytest t.py")
+    assert (fields["survived"], fields["protected_runs"]) == (None, 0)
+    assert fields["protection"] == (
+        "with protection (cupy): the protected reruns did not run it (see the notes)"
+    )

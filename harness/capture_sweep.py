@@ -366,6 +366,10 @@ class SweepHost:
         )  # fmt: skip
         result = s.runner.run(label, cmd)
         s._take(result)
+        if protect and not result.rows:  # e.g. an integration that cannot install there
+            with s._lock:
+                s.notes.append(f"{label}: the protected rerun ran no test (pytest exit "
+                               f"{result.returncode}; see {result.log})")  # fmt: skip
         return batch_attempts(label, result.rows)
 
     def pool(self, desc: str, jobs: Sequence[Any], work: Callable[[Any, int], list[Any]]) -> None:

@@ -144,7 +144,7 @@ class ProtectedRuns:
                 f"{', '.join(FRAMEWORKS.values())} is importable in the suite's interpreter)"
             )
         if not self.runs:
-            return f"with protection ({names}): the protected reruns did not run it (see raw/)"
+            return f"with protection ({names}): the protected reruns did not run it (see the notes)"
         if self.survived:
             return f"with protection: survived {self.runs}/{self.runs} ({names})"
         text = f"still fails {self.failures}/{self.runs} with protection ({names})"
