@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from .shard import Shard
+
 
 class SweepError(Exception):
     """The sweep cannot start or the suite cannot be run at all: a usage error (exit 2)."""
@@ -32,6 +34,7 @@ class SweepOptions:
     resume: bool = False  # continue the sweep already in `out` (same seed and options)
     force: bool = False  # start over in an `out` that holds a sweep
     protect: str = "auto"  # --protect: auto, none, or integration names (harness.capture_sweep)
+    shard: Shard | None = None  # this sweep is shard K of N (harness.shard): no searches
 
     @property
     def stall_limit(self) -> float:
@@ -49,4 +52,5 @@ class SweepOptions:
             "neighbors": self.neighbors,
             "threads": self.threads,
             "pytest_args": list(self.pytest_args),
+            "shard": None if self.shard is None else str(self.shard),
         }

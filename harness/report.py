@@ -165,6 +165,8 @@ def render_markdown(
         + ", ".join(str(s) for s in summary["seeds"]),
         "",
     ]
+    if summary.get("shard"):
+        lines += [f"> **{shard_line(summary['shard'])}**", ""]
     lines += [f"> **Note:** {note}" for note in summary.get("notes", [])]
     lines += gpu_report.markdown(summary.get("gpu"))
     if bad:
@@ -272,6 +274,15 @@ def _evidence_lines(test: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def shard_line(shard: str) -> str:
+    """The line that marks a shard's report (`shard`: "K/N") as a partial view."""
+    index, count = shard.split("/")
+    return (
+        f"shard {index} of {count}: partial view (its runs and its share of the alone "
+        "reruns, no searches); `capsafe merge` over every shard gives the verdicts"
+    )
+
+
 def _verdict(total: int, bad: int) -> str:
     if total == 0:
         return "No tests ran."
@@ -300,6 +311,7 @@ def render_html(
     series = tables.trends(history)
     body = [
         _header(summary, tests, len(bad), history),
+        _notes([shard_line(summary["shard"])] if summary.get("shard") else []),
         _notes(summary.get("notes", [])),
         gpu_report.html_section(summary.get("gpu")),
         _table(tests, series),

@@ -64,6 +64,7 @@ class Summary:
     verify_times: int = 0
     phase_times: dict[str, Any] = field(default_factory=dict)  # harness.phase_times
     gpu: dict[str, Any] = field(default_factory=dict)  # harness.gpu_report
+    shard: str = ""  # "K/N" for a shard's partial view (harness.shard); "" otherwise
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -16,8 +16,11 @@ Phases, each a method, each a set of pytest subprocesses (harness.runner):
 4. classification (harness.classify) and reports (harness.report, harness.history).
 
 Ctrl-C and an exhausted --budget both stop new work and still write the report.
-An --out holds one sweep: sweep.json names its options and the runs done, so
---resume can continue it.
+An --out holds one sweep: sweep.json names its options, the runs done, each process's
+exit and which alone rerun counts, so --resume can continue it. `Sweep.phases` lists
+the phases a sweep drives: a shard (--shard K/N, harness.shard) does its runs and its
+alone reruns and no searches; `capsafe merge` (harness.merge) loads the shards' records
+in place of the first phases and drives the rest.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,6 +45,7 @@ from typing import Any
 from . import capture_sweep, gpu_report, history, order, phase_times, report, search, stats
 from . import classify as cl
 from .classify import Evidence
+from .collection import Collected
 from .options import SweepError, SweepOptions
 from .records import Record, load_records
 from .runner import (
@@ -53,6 +57,7 @@ from .runner import (
     Runner,
     suite_root,
 )
+from .shard import stable_hash
 from .summary import SearchRecord, Summary, TestVerdict
 
 __all__ = [
@@ -70,6 +75,8 @@ MAX_PREFIXES = 2  # failing (or passing) runs whose prefix a search tries before
 VERIFY_TIMES = 3  # K: a cause is reported only when it reproduces K times, and K times not without
 SHUFFLES = ("global", "module")  # run k uses SHUFFLES[(k - 1) % 2]
 STATE_FILE = "sweep.json"
+BUDGET_CUT = "--budget ran out before its verdict was verified"
+SHARD_VIEW = "a shard's partial view: its reruns and searches are left to `capsafe merge`"
 SWEEP_FILES = (STATE_FILE, "raw", "replays", "records.jsonl", "tests.csv", "summary.json",
                "report.md", "report.html")  # fmt: skip
 """What a sweep writes into --out: all that --force removes."""
@@ -127,20 +134,20 @@ class Sweep:
         self.neighbors_problem = ""  # why neighbour threads could not start (exit 2)
         self._labels = 0
         self._lock = threading.RLock()
+        self.runs_done: set[int] = set()
+        self.processes: dict[str, dict[str, Any]] = {}  # label -> exit code, stalled
+        self.alone_done: dict[tuple[str, int], str] = {}  # (test, rerun) -> label that counts
+        self.no_searches = SHARD_VIEW if options.shard else ""  # why searches are not run
 
     # -- driver ---------------------------------------------------------------
     def execute(self) -> SweepResult:
         interrupted = False
         try:
-            with self.clock.phase("collection"):
-                self._collect()
-            if self.collected:
-                with self.clock.phase("runs"):
-                    self._runs()
-                with self.clock.phase("isolation"):  # with the capture reruns and attribution
-                    self._isolation()
-                with self.clock.phase("searches"):
-                    self._searches()
+            for name, phase in self.phases():
+                if name != "collection" and not self.collected:
+                    break
+                with self.clock.phase(name):
+                    phase()
         except capture_sweep.NeighborsDidNotStart as exc:
             self.neighbors_problem = str(exc)
             self.notes.append(self.neighbors_problem)
@@ -151,6 +158,18 @@ class Sweep:
         finally:
             self.bar.close()
         return self._finish(interrupted)
+
+    def phases(self) -> list[tuple[str, Callable[[], None]]]:
+        """The phases in order, each timed in phase_times (isolation holds the capture reruns
+        and attribution). A shard leaves the searches to the merge."""
+        steps = [("collection", self._collect), ("runs", self._runs),
+                 ("isolation", self._isolation)]  # fmt: skip
+        return steps if self.no_searches else [*steps, ("searches", self._searches)]
+
+    def _run_numbers(self) -> list[int]:
+        """The suite runs (1-based) this sweep does: all of them, or a shard's share."""
+        o = self.options
+        return o.shard.runs(o.runs) if o.shard else list(range(1, o.runs + 1))
 
     def _budget_left(self) -> bool:
         budget = self.options.budget
@@ -163,7 +182,8 @@ class Sweep:
     def _label(self, kind: str) -> str:
         with self._lock:
             self._labels += 1
-            return f"{kind}-{self._labels}"
+            shard = self.options.shard  # shards' labels never collide in a merge
+            return f"{kind}-s{shard.index}-{self._labels}" if shard else f"{kind}-{self._labels}"
 
     def _ev(self, nodeid: str) -> Evidence:
         with self._lock:
@@ -171,28 +191,31 @@ class Sweep:
 
     # -- phase 0: collection --------------------------------------------------
     def _collect(self) -> None:
-        found = self.runner.collect()
+        self.take_collection(self.runner.collect())
+
+    def take_collection(self, found: Collected) -> None:
+        """The suite's node ids and collection errors (pytest's, or a shard's, loaded)."""
         self.collected = found.nodeids
         for nodeid, message in found.errors.items():
             ev = self._ev(nodeid)
             ev.collect_error = ev.message = message
         if not found.nodeids and not found.errors:
             raise SweepError("pytest could not run the suite (exit 5): no tests were collected")
-        self.bar.total = self.options.runs * len(found.nodeids)
+        self.bar.total = len(self._run_numbers()) * len(found.nodeids)
 
     # -- phase 1: runs --------------------------------------------------------
     def _runs(self) -> None:
         o = self.options
-        done = self._resumed_runs() if o.resume else set()
-        self._write_state(done)
-        for k, seed in enumerate(run_seeds(o.seed, o.runs), start=1):
-            run_id = f"run-{k}"
-            if k in done:
-                continue
+        if o.resume:
+            self._resume()
+        self._write_state()
+        seeds = run_seeds(o.seed, o.runs)
+        todo = [k for k in self._run_numbers() if k not in self.runs_done]
+        for i, k in enumerate(todo):
+            run_id, seed, shuffle = f"run-{k}", seeds[k - 1], shuffle_of(k)
             if self.run_ids and not self._budget_left():
-                self._skip_for_budget("suite runs", o.runs - k + 1)
+                self._skip_for_budget("suite runs", len(todo) - i)
                 break
-            shuffle = SHUFFLES[(k - 1) % len(SHUFFLES)]
             cmd = self.runner.pytest_command(
                 self.runner.targets(), self.raw / run_id, run_id, seed=seed,
                 workers=o.workers, shuffle=shuffle,
@@ -205,32 +228,54 @@ class Sweep:
             self._check_ran(result)
             capture_sweep.check_started(self.raw / run_id)
             self._add_run(run_id, seed, shuffle, result)
-            done.add(k)
-            self._write_state(done)
+            self.runs_done.add(k)
+            self._write_state()
 
-    def _resumed_runs(self) -> set[int]:
+    def _resume(self) -> None:
         """The runs the sweep in --out finished: their records become evidence again."""
-        state = json.loads((self.options.out / STATE_FILE).read_text(encoding="utf-8"))
-        done = {int(k) for k in state["runs_done"]}
-        seeds = run_seeds(self.options.seed, self.options.runs)
-        for k in sorted(done):
-            run_id = f"run-{k}"
-            rows, malformed = load_records(self.raw / run_id)
-            rows += cl.unfinished_rows(rows)
-            shuffle = SHUFFLES[(k - 1) % len(SHUFFLES)]
-            self._add_run(run_id, seeds[k - 1], shuffle,
-                          ProcessResult(run_id, 0, rows, False, self.raw / f"{run_id}.log",
-                                        malformed))  # fmt: skip
-            self.bar.update(len(self.collected))
+        state = read_state(self.options.out)
+        done = sorted(int(k) for k in state["runs_done"])
+        for k in done:
+            self.load_run(k, state.get("processes", {}))
         kept = {f"run-{k}" for k in done} | {f"run-{k}.log" for k in done} | {"shared"}
         for entry in self.raw.iterdir():  # replays of the interrupted sweep: redone
             if entry.name not in kept and entry.name != "collected.json":
                 shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
         self.notes.append(f"resumed: {len(done)} of {self.options.runs} runs from the sweep before")
-        return done
 
-    def _write_state(self, done: set[int]) -> None:
-        state = {"options": self.options.identity(), "runs_done": sorted(done)}
+    def load_run(self, k: int, facts: Mapping[str, Any]) -> None:
+        """Suite run k from its records in raw/ (a resumed sweep's, or a shard's copied in)."""
+        run_id = f"run-{k}"
+        seed = run_seeds(self.options.seed, k)[k - 1]
+        self._add_run(run_id, seed, shuffle_of(k), self.reload(run_id, facts))
+        self.runs_done.add(k)
+        self.bar.update(len(self.collected))
+
+    def reload(self, label: str, facts: Mapping[str, Any]) -> ProcessResult:
+        """A finished process's result from its records, with sweep.json's facts about it
+        (exit code, killed stalled): what harness.runner made of it when it ran."""
+        fact = facts.get(label, {})
+        stalled = bool(fact.get("stalled", False))
+        rows, malformed = load_records(self.raw / label)
+        rows += cl.unfinished_rows(
+            rows, stalled_after=self.options.stall_limit if stalled else None
+        )
+        return ProcessResult(label, int(fact.get("returncode", 0)), rows, stalled,
+                             self.raw / f"{label}.log", malformed)  # fmt: skip
+
+    def _write_state(self) -> None:
+        """sweep.json: the options and runs done, and what --resume and `capsafe merge` need
+        besides the records: where pytest ran, each process's exit, which alone rerun counts."""
+        with self._lock:
+            state = {
+                "options": self.options.identity(),
+                "runs_done": sorted(self.runs_done),
+                "invoked_from": str(self.options.invoked_from or Path.cwd()),
+                "processes": dict(self.processes),
+                "alone": [
+                    [n, rerun, label] for (n, rerun), label in sorted(self.alone_done.items())
+                ],
+            }
         (self.options.out / STATE_FILE).write_text(json.dumps(state, indent=1), encoding="utf-8")
 
     def _add_run(self, run_id: str, seed: int, shuffle: str, result: ProcessResult) -> None:
@@ -258,6 +303,8 @@ class Sweep:
     def _take(self, result: ProcessResult) -> None:
         with self._lock:
             self.rows += result.rows
+            self.processes[result.label] = {"returncode": result.returncode,
+                                            "stalled": result.stalled}  # fmt: skip
             if result.malformed:
                 self.notes.append(
                     f"{result.label}: skipped {result.malformed} malformed record line(s) "
@@ -274,51 +321,71 @@ class Sweep:
         """Rerun every failing test alone, `isolation_runs` times; rerun i adds
         `extra_args[i % len(extra_args)]` to its pytest command (with --neighbors: without
         and with them in turn). Capture-error failures are rerun batched first
-        (harness.capture_sweep), with their attribution on the same pool."""
+        (harness.capture_sweep), with their attribution on the same pool. A shard reruns
+        only the tests of its bucket and leaves the capture reruns, which need every run's
+        evidence, to the merge; reruns already done (loaded from shards) are not redone."""
+        o = self.options
         failing = sorted(n for n, ev in self.evidence.items() if ev.failures)
-        runs = self.options.isolation_runs
-        batch_seeds = run_seeds(self.options.seed, runs, "batch")
-        failing = self.capture.isolate(
-            capture_sweep.SweepHost(self), failing, runs, batch_seeds, self.options.seed
-        )
+        runs = o.isolation_runs
+        batch_seeds = run_seeds(o.seed, runs, "batch")
+        host = capture_sweep.SweepHost(self)
+        if o.shard is None:
+            failing = self.capture.isolate(host, failing, runs, batch_seeds, o.seed)
+        else:
+            suspects = {n for n, found in self.capture.evidence.items() if found.suspect}
+            failing = [n for n in failing if o.shard.owns(n, o.seed) and n not in suspects]
         extra_args = self.capture.alone_args()
-        jobs = [(n, i) for n in failing for i in range(self.options.isolation_runs)]
-        seeds = run_seeds(self.options.seed, len(jobs), kind="alone")
+        jobs = [(n, i) for n in failing for i in range(runs) if (n, i) not in self.alone_done]
 
-        def alone(job: tuple[str, int], i: int) -> list[Any]:
+        def alone(job: tuple[str, int], _: int) -> list[Any]:
             nodeid, rerun = job
             extra = tuple(extra_args[rerun % len(extra_args)])
-            failed, signals, _ = self._alone(nodeid, seeds[i], extra)
-            with self._lock:
-                ev = self._ev(nodeid)
-                if failed is None:
-                    self.notes.append(f"{nodeid}: did not run alone (see the alone-*.log files)")
-                    return []
-                ev.isolation_runs += 1
-                ev.isolation_failures += failed
-                ev.signals |= signals
-            self.capture.saw_alone(nodeid, failed, signals, rerun)
+            seed = stable_hash(o.seed, "alone", nodeid, rerun)  # whichever shard reruns it
+            failed, signals, _, label = self._alone(nodeid, seed, extra)
+            self.count_alone(nodeid, rerun, failed, signals, label)
             return []
 
         self._pool("isolation reruns", jobs, alone, target=lambda job: job[0])
-        self.capture.attribute_late(capture_sweep.SweepHost(self), failing, self.options.seed)
-        self.capture.protect(capture_sweep.SweepHost(self), self.options.protect, runs, batch_seeds)
+        if o.shard is None:
+            self.capture.attribute_late(host, failing, o.seed)
+            self.capture.protect(host, o.protect, runs, batch_seeds)
+        self._write_state()
+
+    def count_alone(
+        self, nodeid: str, rerun: int, failed: bool | None, signals: frozenset[str], label: str
+    ) -> None:
+        """Count alone rerun `rerun` of `nodeid` (run as `label`) as evidence."""
+        with self._lock:
+            ev = self._ev(nodeid)
+            if failed is None:
+                self.notes.append(f"{nodeid}: did not run alone (see the alone-*.log files)")
+                return
+            ev.isolation_runs += 1
+            ev.isolation_failures += failed
+            ev.signals |= signals
+            self.alone_done[(nodeid, rerun)] = label
+        self.capture.saw_alone(nodeid, failed, signals, rerun)
 
     def _alone(
         self, nodeid: str, seed: int | None, extra: Sequence[str] = ()
-    ) -> tuple[bool | None, frozenset[str], int]:
-        """One rerun alone: (failed?, signals, replays). A failure beside other test
-        processes (they share the working directory) is confirmed with none alive, and
-        only that result counts. A test expected to fail (it failed every suite run, or
-        alone before) runs with none alive at once: its failure needs that anyway."""
+    ) -> tuple[bool | None, frozenset[str], int, str]:
+        """One rerun alone: (failed?, signals, replays, the label of the one that counts).
+        A failure beside other test processes (they share the working directory) is
+        confirmed with none alive, and only that result counts. A test expected to fail (it
+        failed every suite run, or alone before) runs with none alive at once: its failure
+        needs that anyway."""
         if self._width() > 1 and self._expected_to_fail_alone(nodeid):
-            failed, signals = self._replay([], nodeid, seed, "alone", extra=extra, exclusive=True)
-            return failed, signals, 1
-        failed, signals = self._replay([], nodeid, seed, "alone", extra=extra)
+            failed, signals, label = self._replay_labelled(
+                [], nodeid, seed, "alone", extra=extra, exclusive=True
+            )
+            return failed, signals, 1, label
+        failed, signals, label = self._replay_labelled([], nodeid, seed, "alone", extra=extra)
         if not failed or self._width() == 1:
-            return failed, signals, 1
-        failed, signals = self._replay([], nodeid, seed, "alone", extra=extra, exclusive=True)
-        return failed, signals, 2
+            return failed, signals, 1, label
+        failed, signals, label = self._replay_labelled(
+            [], nodeid, seed, "alone", extra=extra, exclusive=True
+        )
+        return failed, signals, 2, label
 
     def _expected_to_fail_alone(self, nodeid: str) -> bool:
         with self._lock:
@@ -326,7 +393,8 @@ class Sweep:
             return ev.isolation_failures > 0 or 0 < ev.runs == ev.failures
 
     # -- phase 3: searches ----------------------------------------------------
-    def _searches(self) -> None:
+    def _search_jobs(self) -> list[tuple[str, ...]]:
+        """(kind, test) for every test whose verdict needs a cause search."""
         jobs: list[tuple[str, ...]] = []
         for nodeid, ev in sorted(self.evidence.items()):
             if not ev.failures or not ev.isolation_runs or self.capture.capture_unsafe(nodeid):
@@ -335,6 +403,10 @@ class Sweep:
                 jobs.append(("polluter", nodeid))
             elif ev.always_failed_alone:
                 jobs.append(("state-setter", nodeid))
+        return jobs
+
+    def _searches(self) -> None:
+        jobs = self._search_jobs()
         self._pool("cause searches", jobs, self._search_job, target=lambda job: job[-1])
 
     def _search_job(self, job: tuple[str, ...], _: int) -> list[tuple[str, ...]]:
@@ -435,7 +507,7 @@ class Sweep:
             if not self._budget_left():
                 ev.budget_cut = True
                 return False, spent
-            failed, signals, replays = self._alone(nodeid, seed)
+            failed, signals, replays, _ = self._alone(nodeid, seed)
             spent += replays
             if failed is None:
                 return False, spent
@@ -574,16 +646,27 @@ class Sweep:
     ) -> tuple[bool | None, frozenset[str]]:
         """Run `before` then `target` in one fresh process. (target failed?, its signals);
         failed is None when the target did not run at all (not collected, usage error)."""
-        found, returncode = self._replay_sequence(
-            [*before, target], seed, kind, extra=extra, exclusive=exclusive
+        failed, signals, _ = self._replay_labelled(
+            before, target, seed, kind, extra=extra, exclusive=exclusive
         )
-        attempt = found.get(target)
-        if attempt is not None:
-            return attempt.failed, attempt.signals
-        if returncode in PYTEST_NO_RUN:
-            return None, frozenset()
-        # The process died before the target reported anything: it crashed in it.
-        return True, frozenset({"crash"})
+        return failed, signals
+
+    def _replay_labelled(
+        self,
+        before: list[str],
+        target: str,
+        seed: int | None,
+        kind: str,
+        *,
+        extra: Sequence[str] = (),
+        exclusive: bool = False,
+    ) -> tuple[bool | None, frozenset[str], str]:
+        """`_replay`, and the label (run id) of the process."""
+        label = self._label(kind)
+        found, returncode = self._replay_sequence(
+            [*before, target], seed, kind, extra=extra, exclusive=exclusive, label=label
+        )
+        return (*target_outcome(found.get(target), returncode), label)
 
     def _replay_sequence(
         self,
@@ -593,11 +676,12 @@ class Sweep:
         *,
         extra: Sequence[str] = (),
         exclusive: bool = False,
+        label: str = "",
     ) -> tuple[dict[str, cl.Attempt], int]:
         """Run `sequence` in one fresh process: (each test's attempt by id, exit code)."""
         if self.runner.stopping.is_set():
             raise KeyboardInterrupt
-        label = self._label(kind)
+        label = label or self._label(kind)
         replay_file = self.raw / "replays" / f"{label}.txt"
         order.write_replay(replay_file, sequence)
         cmd = self.runner.pytest_command(
@@ -660,6 +744,9 @@ class Sweep:
         replays_dir = self.options.out / "replays"
         tests = []
         runs = len(self.run_ids)
+        if self.no_searches:  # a shard, or `merge --no-run`: what needs a search is unverified
+            for job in self._search_jobs():
+                self._ev(job[-1]).budget_cut = True
         for nodeid in sorted(self.evidence):
             ev = self.evidence[nodeid]
             ev.capture_unsafe = self.capture.capture_unsafe(nodeid)
@@ -676,7 +763,7 @@ class Sweep:
             unsafe = verdict == "capture-unsafe"
             tests.append(TestVerdict(
                 nodeid=nodeid, classification=verdict,
-                why=self.capture.why(nodeid) if unsafe else why(verdict, ev),
+                why=self.capture.why(nodeid) if unsafe else why(verdict, ev, self.no_searches),
                 runs=ev.runs, failures=ev.failures, flake_rate=round(rate, 6),
                 flake_rate_ci=(round(low, 6), round(high, 6)), detection_chance=chance,
                 isolation_runs=ev.isolation_runs, isolation_failures=ev.isolation_failures,
@@ -699,10 +786,26 @@ class Sweep:
             searches=self.searches, notes=self.notes, ddmin_cap=search.DDMIN_CAP,
             verify_times=VERIFY_TIMES,
             phase_times=phase_times.summary_times(self.clock, self.raw, self.rows),
+            shard="" if o.shard is None else str(o.shard),
         )  # fmt: skip
         summary.gpu = gpu_report.gpu_section(
             [t.__dict__ for t in tests], self.rows, capture_sweep.neighbor_summary(self.raw)
         )
+        past = self._history(tests) if o.shard is None else []  # the merge writes the history
+        self._write_state()
+        report.write_reports(out, summary.to_dict(), self.rows, self._grid(), self.run_ids, past)
+        if self.neighbors_problem:
+            return SweepResult(summary, EXIT_USAGE, f"{self.neighbors_problem}; report: {out}")
+        if o.shard is not None and self.collected and not interrupted:
+            return SweepResult(summary, EXIT_OK, f"shard {o.shard} done ({len(self.run_ids)} "
+                               f"runs, {len(self.alone_done)} alone reruns); verdicts come from "
+                               f"`capsafe merge OUT` over every shard's --out; partial report: "
+                               f"{out / 'report.html'}")  # fmt: skip
+        return _outcome(summary, o.baseline, interrupted, out, bool(self.collected))
+
+    def _history(self, tests: Sequence[TestVerdict]) -> list[dict[str, str]]:
+        """One history.csv row per test beside --out, and `latest`; this suite's history."""
+        out = self.options.out
         stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         verdicts = [
             history.Verdict(t.nodeid, t.classification, t.runs, t.failures, t.flake_rate)
@@ -713,10 +816,7 @@ class Sweep:
             history.point_latest(out)
         except OSError as exc:
             self.notes.append(f"{out.parent / history.LATEST} not updated: {describe_error(exc)}")
-        report.write_reports(out, summary.to_dict(), self.rows, self._grid(), self.run_ids, past)
-        if self.neighbors_problem:
-            return SweepResult(summary, EXIT_USAGE, f"{self.neighbors_problem}; report: {out}")
-        return _outcome(summary, o.baseline, interrupted, out, bool(self.collected))
+        return past
 
     def _append_history(
         self, path: Path, sweep_id: str, stamp: str, verdicts: list[history.Verdict]
@@ -746,8 +846,9 @@ class Sweep:
         return grid
 
 
-def why(verdict: str, ev: Evidence) -> str:
-    """The evidence behind a verdict, in words that agree with its numbers."""
+def why(verdict: str, ev: Evidence, not_run: str = "") -> str:
+    """The evidence behind a verdict, in words that agree with its numbers (`not_run`: why
+    the sweep ran no searches, when it ran none)."""
     k = VERIFY_TIMES
     ran = f"failed {ev.failures} of {ev.runs} suite runs"
     alone = f"{ev.isolation_failures} of {ev.isolation_runs} alone"
@@ -756,7 +857,7 @@ def why(verdict: str, ev: Evidence) -> str:
     if verdict == "pass":
         return f"passed {ev.runs} of {ev.runs} suite runs"
     if verdict == "unverified":
-        return f"{ran}; failed {alone}; --budget ran out before its verdict was verified"
+        return f"{ran}; failed {alone}; {not_run or BUDGET_CUT}"
     if verdict == "brittle":
         return (f"fails alone ({alone}); passes after {' + '.join(ev.state_setters)} "
                 f"({k} of {k}); {ran}")  # fmt: skip
@@ -798,6 +899,23 @@ def console_lines(result: SweepResult) -> list[str]:
     if more > 0:
         lines.append(f"  ... and {more} more in the report")
     return [*lines, result.reason]
+
+
+def shuffle_of(k: int) -> str:
+    """The shuffle of suite run k (1-based): global and bucketed in turn."""
+    return SHUFFLES[(k - 1) % len(SHUFFLES)]
+
+
+def target_outcome(
+    attempt: cl.Attempt | None, returncode: int
+) -> tuple[bool | None, frozenset[str]]:
+    """A replayed test's (failed?, signals) from its attempt and its process's exit code;
+    failed is None when it did not run at all (not collected, usage error)."""
+    if attempt is not None:
+        return attempt.failed, attempt.signals
+    if returncode in PYTEST_NO_RUN:
+        return None, frozenset()
+    return True, frozenset({"crash"})  # the process died before the test reported: a crash
 
 
 def requested_backend() -> str:
@@ -896,10 +1014,17 @@ def prepare_out(out: Path, *, resume: bool = False, force: bool = False) -> None
         raise SweepError(f"cannot write reports into --out {out}: {describe_error(exc)}") from None
 
 
+def read_state(out: Path) -> dict[str, Any]:
+    """sweep.json of the sweep in `out` (OSError, ValueError when unreadable)."""
+    state = json.loads((out / STATE_FILE).read_text(encoding="utf-8"))
+    if not isinstance(state, dict):
+        raise ValueError("not a JSON object")
+    return state
+
+
 def resumed_options(out: Path) -> dict[str, Any]:
     """The options the sweep in `out` ran with (for --resume to check against)."""
-    state = json.loads((out / STATE_FILE).read_text(encoding="utf-8"))
-    return dict(state["options"])
+    return dict(read_state(out)["options"])
 
 
 def run_sweep(options: SweepOptions) -> SweepResult:

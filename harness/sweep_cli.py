@@ -18,6 +18,7 @@ from datetime import datetime
 from pathlib import Path
 
 from . import capture_sweep, classify, sweep
+from .shard import parse_shard
 
 EPILOG = """\
 exit codes:
@@ -144,6 +145,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="start over in an --out that holds a sweep (its files are removed)",
     )
+    parser.add_argument("--shard", default=None, metavar="K/N",
+                        help="do shard K of N (a CI matrix job): runs K, K+N, ... and the alone "
+                        "reruns of its share of the failing tests, no searches; needs --seed; "
+                        "`capsafe merge` combines the shards' --out")  # fmt: skip
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.set_defaults(func=main, pytest_args=[])
 
@@ -216,6 +221,14 @@ def options_from(args: argparse.Namespace) -> sweep.SweepOptions:
         seed = int(sweep.resumed_options(out)["seed"])
     if seed < 0:
         raise sweep.SweepError(f"--seed must be a non-negative integer, got {seed}")
+    shard = None
+    if args.shard is not None:
+        try:
+            shard = parse_shard(args.shard)
+        except ValueError as exc:
+            raise sweep.SweepError(str(exc)) from None
+        if args.seed is None and not args.resume:
+            raise sweep.SweepError("--shard needs --seed S: every shard of a sweep has its seed")
     sweep.prepare_out(out, resume=args.resume, force=args.force)
     options = sweep.SweepOptions(
         paths=tuple(paths),
@@ -235,6 +248,7 @@ def options_from(args: argparse.Namespace) -> sweep.SweepOptions:
         resume=args.resume,
         force=args.force,
         protect=capture_sweep.protect_choice(args.protect),
+        shard=shard,
     )
     if args.resume:
         before = sweep.resumed_options(out)

@@ -1,0 +1,93 @@
+"""`capsafe merge`: the command line over harness.merge."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from . import merge, sweep
+
+EPILOG = """\
+exit codes:
+  0    every test is pass, or listed in the --baseline quarantine file
+  1    some test is not pass (and not quarantined)
+  2    usage error: a DIR that is not a finished shard, shards of different sweeps
+       (seed, runs, workers, paths, ... differ), a shard missing or given twice,
+       an OUT that is not empty (without --force) or cannot be written
+  130  interrupted (Ctrl-C); the report of what ran is still written
+
+example (a CI matrix of three jobs, then one merge job):
+  capsafe sweep tests --seed 7 --runs 9 --shard 1/3 --out shard-1   # job 1 of 3
+  capsafe merge reports/nightly shard-1 shard-2 shard-3
+"""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "merge",
+        help="combine the --out of `capsafe sweep --shard K/N` runs into one sweep",
+        description=(
+            "Combine the evidence of every shard of one sweep (`capsafe sweep --shard K/N "
+            "--seed S`, same options, each into its own --out): run the alone reruns and "
+            "the cause searches that need the combined view, then classify every test as "
+            "the unsharded sweep with that seed would, and write one report into OUT "
+            "(history.csv and `latest` beside it)."
+        ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("out", type=Path, metavar="OUT", help="report directory of the merge")
+    parser.add_argument("shards", type=Path, nargs="+", metavar="DIR",
+                        help="the --out of every shard, 1/N to N/N, in any order")  # fmt: skip
+    parser.add_argument("--no-run", action="store_true",
+                        help="run nothing: a test whose verdict needs a rerun or search is "
+                        "unverified")  # fmt: skip
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="write into an OUT that is not empty (a sweep there is removed)",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        metavar="SEC",
+        help="stop starting new work after SEC seconds and report what ran",
+    )
+    parser.add_argument("--baseline", type=Path, default=None, metavar="FILE",
+                        help="quarantine file: node ids (one per line, # comments) that do "
+                        "not fail the merge")  # fmt: skip
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    parser.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        if args.budget is not None and not args.budget > 0:
+            raise sweep.SweepError(f"--budget must be positive, got {args.budget:g}")
+        baseline = _baseline(args.baseline)
+        result = merge.run_merge(
+            args.out, args.shards, no_run=args.no_run, force=args.force, budget=args.budget,
+            baseline=baseline, progress=not args.no_progress,
+        )  # fmt: skip
+    except sweep.SweepError as exc:
+        print(f"capsafe merge: {exc}", file=sys.stderr)
+        return sweep.EXIT_USAGE
+    except KeyboardInterrupt:  # a second Ctrl-C, while the partial report was being written
+        print(f"capsafe merge: interrupted; the report in {args.out} may be incomplete",
+              file=sys.stderr)  # fmt: skip
+        return sweep.EXIT_INTERRUPTED
+    for line in sweep.console_lines(result):
+        print(f"capsafe merge: {line}" if line == result.reason else line, file=sys.stderr)
+    return result.exit_code
+
+
+def _baseline(path: Path | None) -> frozenset[str]:
+    if path is None:
+        return frozenset()
+    try:
+        return sweep.read_baseline(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = sweep.describe_error(exc)
+        raise sweep.SweepError(f"cannot read --baseline {path}: {reason}") from None
