@@ -129,6 +129,8 @@ class Sweep:
         self._busy: set[str] = set()  # tests a search or trial is explaining right now
         self._tried: set[tuple[str, ...]] = set()  # (culprits..., test) trials already run
         self._sibling_trials: set[tuple[str, ...]] = set()  # (module, cause...) screened
+        self._screen_prefixes: dict[str, tuple[int | None, list[str]]] = {}  # what a screen ran
+        self._screen_searched: set[str] = set()  # tests searched from their screen's prefix
         self.capture = capture_sweep.CapturePhases(options.neighbors)
         self.clock = phase_times.SweepClock()
         self.neighbors_problem = ""  # why neighbour threads could not start (exit 2)
@@ -374,17 +376,17 @@ class Sweep:
         confirmed with none alive, and only that result counts. A test expected to fail (it
         failed every suite run, or alone before) runs with none alive at once: its failure
         needs that anyway."""
+        label = self._label("alone")
         if self._width() > 1 and self._expected_to_fail_alone(nodeid):
-            failed, signals, label = self._replay_labelled(
-                [], nodeid, seed, "alone", extra=extra, exclusive=True
-            )
+            failed, signals = self._replay([], nodeid, seed, "alone", extra=extra, exclusive=True,
+                                           label=label)  # fmt: skip
             return failed, signals, 1, label
-        failed, signals, label = self._replay_labelled([], nodeid, seed, "alone", extra=extra)
+        failed, signals = self._replay([], nodeid, seed, "alone", extra=extra, label=label)
         if not failed or self._width() == 1:
             return failed, signals, 1, label
-        failed, signals, label = self._replay_labelled(
-            [], nodeid, seed, "alone", extra=extra, exclusive=True
-        )
+        label = self._label("alone")
+        failed, signals = self._replay([], nodeid, seed, "alone", extra=extra, exclusive=True,
+                                       label=label)  # fmt: skip
         return failed, signals, 2, label
 
     def _expected_to_fail_alone(self, nodeid: str) -> bool:
@@ -407,10 +409,14 @@ class Sweep:
 
     def _searches(self) -> None:
         jobs = self._search_jobs()
-        self._pool("cause searches", jobs, self._search_job, target=lambda job: job[-1])
+        self._pool("cause searches", jobs, self._search_job, target=_explained_test)
 
     def _search_job(self, job: tuple[str, ...], _: int) -> list[tuple[str, ...]]:
+        """A job is (kind, test), ("trial", kind, culprits..., test) or ("screen", kind,
+        culprits..., module)."""
         kind, nodeid = job[0], job[-1]
+        if kind == "screen":
+            return self._screen_module(job[1], tuple(job[2:-1]), nodeid)
         if not self._claim(nodeid):
             return []
         try:
@@ -526,39 +532,58 @@ class Sweep:
         return True, spent
 
     def _trials(self, kind: str, culprits: Sequence[str], victim: str) -> list[tuple[str, ...]]:
-        """Trial jobs for a verified cause: every failing test it could explain (a polluter:
-        tests never failed alone; a state-setter: always) and, once per cause and module, the
-        victim's module's other tests (the victims cleaners hid)."""
-        module = order.module_of(victim)
+        """Jobs that try a verified cause on other tests. A polluter is screened against every
+        module once (the victim's first, then those holding failing tests): cleaners hide
+        victims from shuffled runs, and a test that never failed may be one. A state-setter is
+        tried on the tests that always failed alone."""
+        if kind == "polluter":
+            failing = {order.module_of(n) for n in self._failing(kind)}
+            modules = list(dict.fromkeys(order.module_of(n) for n in self.collected))
+            modules.sort(key=lambda m: (m != order.module_of(victim), m not in failing))
+            with self._lock:
+                fresh = [m for m in modules if (m, *culprits) not in self._sibling_trials]
+                self._sibling_trials.update((m, *culprits) for m in fresh)
+            return [("screen", kind, *culprits, m) for m in fresh]
+        return self._screened(
+            kind, culprits, [n for n in self._failing(kind) if n != victim and n not in culprits]
+        )
+
+    def _failing(self, kind: str) -> list[str]:
+        """Tests that failed in the suite and alone as a `kind` would explain: a polluter's
+        victims never fail alone, a state-setter's always do."""
         with self._lock:
-            failing = [
+            return [
                 n for n, ev in self.evidence.items()
                 if ev.failures and ev.isolation_runs and ev.collect_error is None
                 and (ev.always_failed_alone if kind == "state-setter" else not ev.ever_failed_alone)
             ]  # fmt: skip
-            first_in_module = (module, *culprits) not in self._sibling_trials
-            self._sibling_trials.add((module, *culprits))
-        siblings = [n for n in self.collected if order.module_of(n) == module and first_in_module]
-        targets = dict.fromkeys([*siblings, *failing] if kind == "polluter" else failing)
-        return self._screened(kind, culprits, [
-            n for n in targets if n != victim and n not in culprits and not self._explained(n)
-        ])  # fmt: skip
+
+    def _screen_module(
+        self, kind: str, culprits: tuple[str, ...], module: str
+    ) -> list[tuple[str, ...]]:
+        tests = [n for n in self.collected if order.module_of(n) == module and n not in culprits]
+        return self._screened(kind, culprits, tests)
 
     def _screened(
-        self, kind: str, culprits: Sequence[str], targets: list[str]
+        self, kind: str, culprits: Sequence[str], tests: list[str]
     ) -> list[tuple[str, ...]]:
-        """Trial jobs for the targets that, in one replay of the cause then all of them,
-        did what the cause explains: one replay screens a module, each trial verifies."""
+        """Trial jobs for the unexplained tests that, in one replay of the cause then all of
+        `tests`, did what the cause explains: one replay screens a module, each trial
+        verifies. Explained tests stay in the replay (one may be a victim's second
+        polluter), and what ran before a target is kept: when the cause alone does not
+        reproduce, the target's search starts from it."""
+        targets = [n for n in tests if not self._explained(n)]
         if len(targets) < 2 or not self._budget_left():
             return [("trial", kind, *culprits, n) for n in targets]
         seed = self.seeds[0] if self.seeds else None
-        found, _ = self._replay_sequence([*culprits, *targets], seed, "screen")
+        sequence = [*culprits, *tests]
+        found, _ = self._replay_sequence(sequence, seed, "screen")
         want_failed = kind == "polluter"
-        return [
-            ("trial", kind, *culprits, n)
-            for n in targets
-            if n not in found or found[n].failed is want_failed
-        ]
+        hit = [n for n in targets if n not in found or found[n].failed is want_failed]
+        with self._lock:
+            for n in hit:
+                self._screen_prefixes.setdefault(n, (seed, sequence[: sequence.index(n)]))
+        return [("trial", kind, *culprits, n) for n in hit]
 
     def _explained(self, nodeid: str) -> bool:
         with self._lock:
@@ -583,7 +608,12 @@ class Sweep:
         if reproduced:
             self._record(SearchRecord(nodeid, "trial", len(culprits), 1, spent, list(culprits),
                                       verified, False))  # fmt: skip
-        return self._trials(kind, culprits, nodeid) if verified else []
+        if verified:
+            return self._trials(kind, culprits, nodeid)
+        with self._lock:  # the screen reproduced it with more before it: search that
+            searched = nodeid in self._screen_searched or nodeid not in self._screen_prefixes
+            self._screen_searched.add(nodeid)
+        return [] if reproduced or searched else [(kind, nodeid)]
 
     def _parallel_check(self, nodeid: str) -> None:
         """parallel-unsafe: it failed only beside other workers, and its worker's sequence
@@ -621,6 +651,10 @@ class Sweep:
             a for a in self.run_attempts.values() if a.nodeid == nodeid and a.failed is want_failed
         ]
         mine.sort(key=lambda a: self.run_ids.index(a.run_id))
+        with self._lock:
+            screened = self._screen_prefixes.get(nodeid) if want_failed else None
+        if screened is not None:
+            yield screened
         for attempt in mine[:MAX_PREFIXES]:
             yield attempt.seed, cl.process_sequence(self.run_attempts, attempt)
         for attempt in mine[:1]:
@@ -643,30 +677,15 @@ class Sweep:
         *,
         extra: Sequence[str] = (),
         exclusive: bool = False,
+        label: str = "",
     ) -> tuple[bool | None, frozenset[str]]:
-        """Run `before` then `target` in one fresh process. (target failed?, its signals);
-        failed is None when the target did not run at all (not collected, usage error)."""
-        failed, signals, _ = self._replay_labelled(
-            before, target, seed, kind, extra=extra, exclusive=exclusive
-        )
-        return failed, signals
-
-    def _replay_labelled(
-        self,
-        before: list[str],
-        target: str,
-        seed: int | None,
-        kind: str,
-        *,
-        extra: Sequence[str] = (),
-        exclusive: bool = False,
-    ) -> tuple[bool | None, frozenset[str], str]:
-        """`_replay`, and the label (run id) of the process."""
-        label = self._label(kind)
+        """Run `before` then `target` in one fresh process (as `label`: default, the next of
+        `kind`). (target failed?, its signals); failed is None when the target did not run
+        at all (not collected, usage error)."""
         found, returncode = self._replay_sequence(
             [*before, target], seed, kind, extra=extra, exclusive=exclusive, label=label
         )
-        return (*target_outcome(found.get(target), returncode), label)
+        return target_outcome(found.get(target), returncode)
 
     def _replay_sequence(
         self,
@@ -704,7 +723,7 @@ class Sweep:
         desc: str,
         jobs: Sequence[Any],
         work: Callable[[Any, int], list[Any]],
-        target: Callable[[Any], str] | None = None,
+        target: Callable[[Any], str | None] | None = None,
     ) -> None:
         """Run jobs on up to `workers` threads (each drives one subprocess); a job returns
         more jobs to queue. Stops starting jobs when the budget is spent; the tests of the
@@ -719,8 +738,9 @@ class Sweep:
                     while queue and len(pending) < width:
                         if not self._budget_left():
                             for job in queue:
-                                if target is not None:
-                                    self._ev(target(job)).budget_cut = True
+                                test = None if target is None else target(job)
+                                if test is not None:
+                                    self._ev(test).budget_cut = True
                             skipped, queue = len(queue), []
                             break
                         pending.add(pool.submit(work, queue.pop(0), started))
@@ -844,6 +864,11 @@ class Sweep:
                 states.append("none" if a is None else _cell(a))
             grid[nodeid] = states
         return grid
+
+
+def _explained_test(job: tuple[str, ...]) -> str | None:
+    """The test a search job would explain (None for a module's screen)."""
+    return None if job[0] == "screen" else job[-1]
 
 
 def why(verdict: str, ev: Evidence, not_run: str = "") -> str:
