@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import merge, sweep
+from . import merge, sweep, sweep_cli
 
 EPILOG = """\
 exit codes:
@@ -48,27 +48,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="write into an OUT that is not empty (a sweep there is removed)",
     )
-    parser.add_argument(
-        "--budget",
-        type=float,
-        default=None,
-        metavar="SEC",
-        help="stop starting new work after SEC seconds and report what ran",
-    )
-    parser.add_argument("--baseline", type=Path, default=None, metavar="FILE",
-                        help="quarantine file: node ids (one per line, # comments) that do "
-                        "not fail the merge")  # fmt: skip
+    sweep_cli.add_verdict_options(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
     try:
-        if args.budget is not None and not args.budget > 0:
-            raise sweep.SweepError(f"--budget must be positive, got {args.budget:g}")
-        baseline = _baseline(args.baseline)
+        budget, baseline = sweep_cli.verdict_options(args)
         result = merge.run_merge(
-            args.out, args.shards, no_run=args.no_run, force=args.force, budget=args.budget,
+            args.out, args.shards, no_run=args.no_run, force=args.force, budget=budget,
             baseline=baseline, progress=not args.no_progress,
         )  # fmt: skip
     except sweep.SweepError as exc:
@@ -81,13 +70,3 @@ def main(args: argparse.Namespace) -> int:
     for line in sweep.console_lines(result):
         print(f"capsafe merge: {line}" if line == result.reason else line, file=sys.stderr)
     return result.exit_code
-
-
-def _baseline(path: Path | None) -> frozenset[str]:
-    if path is None:
-        return frozenset()
-    try:
-        return sweep.read_baseline(path)
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = sweep.describe_error(exc)
-        raise sweep.SweepError(f"cannot read --baseline {path}: {reason}") from None

@@ -124,16 +124,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--threads", type=int, default=1, metavar="T",
                         help="run each test body in T threads at once, through "
                         "pytest-run-parallel (default 1)")  # fmt: skip
-    parser.add_argument(
-        "--budget",
-        type=float,
-        default=None,
-        metavar="SEC",
-        help="stop starting new work after SEC seconds and report what ran",
-    )
-    parser.add_argument("--baseline", type=Path, default=None, metavar="FILE",
-                        help="quarantine file: node ids (one per line, # comments) that do "
-                        "not fail the sweep")  # fmt: skip
+    add_verdict_options(parser)
     again = parser.add_mutually_exclusive_group()
     again.add_argument(
         "--resume",
@@ -195,8 +186,7 @@ def options_from(args: argparse.Namespace) -> sweep.SweepOptions:
             raise sweep.SweepError(f"{name} must be at least {low}, got {value}")
     if not 0 < args.timeout < math.inf:
         raise sweep.SweepError(f"--timeout must be positive and finite, got {args.timeout:g}")
-    if args.budget is not None and not args.budget > 0:
-        raise sweep.SweepError(f"--budget must be positive, got {args.budget:g}")
+    budget, baseline = verdict_options(args)
     for needed, module, package, why in (
         (args.workers > 0, "xdist", "pytest-xdist", "--workers > 0; or use --workers 0"),
         (args.threads > 1, "pytest_run_parallel", "pytest-run-parallel", "--threads > 1"),
@@ -206,13 +196,6 @@ def options_from(args: argparse.Namespace) -> sweep.SweepOptions:
             raise sweep.SweepError(
                 f"{package} is not installed (needed for {why}): pip install 'capsafe[harness]'"
             )
-    baseline: frozenset[str] = frozenset()
-    if args.baseline is not None:
-        try:
-            baseline = sweep.read_baseline(args.baseline)
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = sweep.describe_error(exc)
-            raise sweep.SweepError(f"cannot read --baseline {args.baseline}: {reason}") from None
     out = args.out if args.out is not None else _default_out()
     if out.exists() and not out.is_dir():
         raise sweep.SweepError(f"--out {out} exists and is not a directory")
@@ -240,7 +223,7 @@ def options_from(args: argparse.Namespace) -> sweep.SweepOptions:
         isolation_runs=args.isolation_runs,
         neighbors=args.neighbors,
         threads=args.threads,
-        budget=args.budget,
+        budget=budget,
         baseline=baseline,
         pytest_args=tuple(args.pytest_args),
         progress=not args.no_progress,
@@ -260,6 +243,33 @@ def options_from(args: argparse.Namespace) -> sweep.SweepOptions:
                 f"{before.get(name)!r} in the sweep in {out}; give the same options"
             )
     return options
+
+
+def add_verdict_options(parser: argparse.ArgumentParser) -> None:
+    """--budget and --baseline, which `capsafe sweep` and `capsafe merge` share."""
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        metavar="SEC",
+        help="stop starting new work after SEC seconds and report what ran",
+    )
+    parser.add_argument("--baseline", type=Path, default=None, metavar="FILE",
+                        help="quarantine file: node ids (one per line, # comments) that do "
+                        "not fail the verdict")  # fmt: skip
+
+
+def verdict_options(args: argparse.Namespace) -> tuple[float | None, frozenset[str]]:
+    """--budget checked and the --baseline file read; SweepError with the reason."""
+    if args.budget is not None and not args.budget > 0:
+        raise sweep.SweepError(f"--budget must be positive, got {args.budget:g}")
+    if args.baseline is None:
+        return args.budget, frozenset()
+    try:
+        return args.budget, sweep.read_baseline(args.baseline)
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = sweep.describe_error(exc)
+        raise sweep.SweepError(f"cannot read --baseline {args.baseline}: {reason}") from None
 
 
 def _default_out() -> Path:
