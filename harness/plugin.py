@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from . import capture_errors, neighbor_run, order, phase_times, protect
+from . import capture_errors, gpus, neighbor_run, order, phase_times, protect
 from .records import Outcome, Record, RecordWriter, bounded_details, first_lines, records_path
 from .seeding import Reseeder, registered_seeders
 
@@ -80,6 +80,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         f"(default {DEFAULT_WATCH_ENV})",
     )
     protect.add_option(group)
+    gpus.add_option(group)
     neighbor_run.add_option(group)
 
 
@@ -183,6 +184,25 @@ def _enable_frozen_guard(import_capsafe: bool) -> None:
     except ImportError:
         return
     enable_guard()
+
+
+GPUS_KEY = pytest.StashKey[tuple[str, ...]]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    """--capsafe-gpus: pin this process to its device before a conftest can initialise CUDA."""
+    known = early_config.known_args_namespace
+    spec = getattr(known, "capsafe_gpus", None)
+    if not spec:
+        return
+    workers = getattr(known, "numprocesses", None)
+    try:
+        early_config.stash[GPUS_KEY] = gpus.pin_this_process(
+            spec, spawns_workers=bool(workers) and getattr(known, "dist", "load") != "no"
+        )
+    except gpus.GpuError as exc:
+        raise pytest.UsageError(f"--capsafe-gpus {exc}") from None
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -301,6 +321,7 @@ class CapsafeRun:
         self.test_seed = 0
         self.reseed: Reseeder | None = None
         self.pid = os.getpid()
+        self.gpus = config.stash.get(GPUS_KEY, ())
         self.env_before: dict[Any, Any] = {}
         self.exc_names: dict[tuple[str, str], tuple[str, ...]] = {}
         # xdist controller only: per worker, tests started and the last one set up.
@@ -447,6 +468,7 @@ class CapsafeRun:
             "start": getattr(report, "start", now - report.duration),
             "stop": getattr(report, "stop", now),
             "time": now,
+            "gpu": gpus.for_worker(self.gpus, self.worker) if self.gpus else "",
         }
         if report.when == "teardown":
             after = _env_snapshot()
@@ -484,6 +506,7 @@ class CapsafeRun:
             "start": getattr(report, "start", now - report.duration),
             "stop": getattr(report, "stop", now),
             "time": now,
+            "gpu": gpus.for_worker(self.gpus, worker) if self.gpus else "",
         }
         if self.writer is None:
             self.writer = RecordWriter(

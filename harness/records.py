@@ -55,9 +55,10 @@ class Record(TypedDict):
     start: float  # unix time the phase started ...
     stop: float  # ... and ended: tells which tests ran at the same time in other workers
     time: float  # unix time the row was written
+    gpu: str  # the one device the process was pinned to (CUDA_VISIBLE_DEVICES), "" if not
 
 
-_ADDED = ("details", "start", "stop")
+_ADDED = ("details", "start", "stop", "gpu")
 """Fields newer than the first record format: filled in by `from_json` for older rows."""
 _REQUIRED = tuple(k for k in Record.__annotations__ if k != "env_leak" and k not in _ADDED)
 
@@ -85,6 +86,7 @@ def from_json(line: str) -> Record:
     row.setdefault("details", row["message"])
     row.setdefault("stop", row["time"])
     row.setdefault("start", row["stop"] - row["duration"])
+    row.setdefault("gpu", "")
     return row  # type: ignore[return-value]
 
 

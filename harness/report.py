@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import gpu_report, tables
+from . import gpu_report, placement, tables
 from .classify import CLASSES, severity
 from .records import Record, to_json
 
@@ -74,6 +74,8 @@ def write_reports(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rows = list(rows)
+    if by_gpu := placement.placement_section(rows):  # a --gpus sweep: failures by GPU
+        summary = {**summary, "placement": by_gpu}
     with open(out / "records.jsonl", "w", encoding="utf-8") as f:
         for row in rows:
             f.write(to_json(row) + "\n")
@@ -169,6 +171,7 @@ def render_markdown(
         lines += [f"> **{shard_line(summary['shard'])}**", ""]
     lines += [f"> **Note:** {note}" for note in summary.get("notes", [])]
     lines += gpu_report.markdown(summary.get("gpu"))
+    lines += placement.markdown(summary.get("placement"))
     if bad:
         lines += [
             "## Tests that need attention",
@@ -314,6 +317,7 @@ def render_html(
         _notes([shard_line(summary["shard"])] if summary.get("shard") else []),
         _notes(summary.get("notes", [])),
         gpu_report.html_section(summary.get("gpu")),
+        placement.html_section(summary.get("placement")),
         _table(tests, series),
         _heatmap(tests, grid, run_ids),
         _other_outcomes_section(tests),

@@ -1,9 +1,14 @@
-"""The sweep's test processes: pytest command lines, and each process under a watchdog.
+"""The sweep's test processes: pytest command lines, each process run by an executor.
 
-Every subprocess runs in its own session under a stall watchdog: one that writes
-nothing for `stall_limit` seconds is killed and the test it was in is recorded as
-timed out, so a hang never stops the sweep. `kill_all` (Ctrl-C, an exception in a
-worker thread) kills every live process at once.
+Every process runs through the sweep's executor (harness.executor: this machine by
+default, or Ray) in its own session under a stall watchdog: one that writes nothing
+for `stall_limit` seconds is killed and the test it was in is recorded as timed out,
+so a hang never stops the sweep. One the executor lost (a Ray node died, twice) has
+the test it was in recorded as crashed. `kill_all` (Ctrl-C, an exception in a worker
+thread) kills every live process at once.
+
+With `--gpus`, a process with xdist workers gets the whole device list (the plugin pins
+each worker, harness.gpus) and a single process one device, round-robin.
 
 pytest runs where `capsafe sweep` was invoked when the paths lie under it (as
 `pytest PATH` does), so suites that open files relative to the repository root
@@ -21,11 +26,8 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -33,21 +35,26 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import classify as cl
+from . import order
 from .collection import COLLECT_OUT_ENV, PLUGIN, Collected, read_collected
+from .executor import SWEEP_SHARED_ENV, SWEEP_TMP_ENV, Executor, Launch, make_executor
+from .gpus import VISIBLE
 from .optional_plugins import quiet_plugin_args
 from .options import SweepError, SweepOptions
 from .records import Record, load_records
 
-SWEEP_TMP_ENV = "CAPSAFE_SWEEP_TMP"
-"""Set for every test process: a fresh empty directory of its own, removed afterwards."""
-SWEEP_SHARED_ENV = "CAPSAFE_SWEEP_SHARED"
-"""Set for every test process: one directory shared by all processes of this sweep.
+__all__ = [
+    "PYTEST_NO_RUN",
+    "SWEEP_SHARED_ENV",
+    "SWEEP_TMP_ENV",
+    "Interrupted",
+    "ProcessResult",
+    "Runner",
+    "run_directory",
+    "suite_root",
+]
 
-For suites that keep state across processes on purpose (the planted flaky suite
-counts its invocations there, so its nondeterminism is the same in every sweep).
-"""
 PYTEST_NO_RUN = (2, 3, 4, 5)  # interrupted, internal error, usage error, no tests collected
-TEARDOWN_MARK = b'"phase":"teardown"'  # one per finished test in a records file
 
 
 @dataclass
@@ -123,9 +130,16 @@ class Runner:
     """Starts pytest subprocesses for one sweep and can kill all of them at once."""
 
     def __init__(
-        self, options: SweepOptions, raw: Path, on_tests: Callable[[int], None] = lambda n: None
+        self,
+        options: SweepOptions,
+        raw: Path,
+        on_tests: Callable[[int], None] = lambda n: None,
+        executor: Executor | None = None,
     ) -> None:
         self.options = options
+        self.executor = executor or make_executor(
+            options.executor, options.address, gpus=bool(options.gpus)
+        )
         self.raw = raw
         self.shared = raw / "shared"
         self.shared.mkdir(parents=True, exist_ok=True)
@@ -133,9 +147,10 @@ class Runner:
         self.rootdir = self.cwd  # where node ids are relative to: set by `collect`
         self.stopping = threading.Event()
         self.on_tests = on_tests  # called with how many more tests finished, as they do
-        self._live: set[subprocess.Popen[bytes]] = set()
         self._lock = threading.Lock()
         self._gate = _Gate()
+        self._gpu_of: dict[str, tuple[str, ...]] = {}  # run id -> the devices its command got
+        self._single_processes = 0  # round-robin position of the next single process's GPU
 
     # -- commands -------------------------------------------------------------
     def targets(self) -> list[str]:
@@ -182,8 +197,17 @@ class Runner:
             cmd.append(f"--capsafe-neighbors={o.neighbors}")
         if o.threads > 1:
             cmd.append(f"--parallel-threads={o.threads}")
+        if o.gpus and run_id is not None:
+            devices = o.gpus if workers else self._next_gpu()
+            self._gpu_of[run_id] = devices
+            cmd.append(f"--capsafe-gpus={','.join(devices)}")
         cmd += quiet_plugin_args(o.threads)
         return [*cmd, *extra, "-q", "-p", "no:cacheprovider", *o.pytest_args]
+
+    def _next_gpu(self) -> tuple[str, ...]:
+        with self._lock:
+            k, self._single_processes = self._single_processes, self._single_processes + 1
+        return (self.options.gpus[k % len(self.options.gpus)],)
 
     def replay_command(self, replay_file: Path, nodeids: Sequence[str]) -> str:
         """A shell line a person can paste to see the failure again."""
@@ -221,110 +245,54 @@ class Runner:
         records = self.raw / label
         records.mkdir(parents=True, exist_ok=True)
         log = self.raw / f"{label}.log"
-        scratch = tempfile.mkdtemp(prefix=f"capsafe-{label}-")
-        env = {**os.environ, SWEEP_TMP_ENV: scratch, SWEEP_SHARED_ENV: str(self.shared)}
-        stalled = interrupted = False
-        try:
-            with self._gate.hold(exclusive), open(log, "wb") as out:
-                if self.stopping.is_set():
-                    raise KeyboardInterrupt
-                proc = subprocess.Popen(
-                    cmd, cwd=self.cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, start_new_session=True,
-                )  # fmt: skip
-                with self._lock:
-                    self._live.add(proc)
-                try:
-                    stalled = self._watch(proc, records, log)
-                except KeyboardInterrupt:
-                    _kill(proc)
-                    interrupted = True
-                except BaseException:  # never leave a test process behind
-                    _kill(proc)
-                    raise
-                finally:
-                    with self._lock:
-                        self._live.discard(proc)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-        rows, malformed = load_records(records)
-        if interrupted:
-            raise Interrupted(
-                ProcessResult(label, proc.returncode, cl.finished_rows(rows), False, log, malformed)
-            )
-        stall = self.options.stall_limit if stalled else None
-        rows += cl.unfinished_rows(rows, stalled_after=stall)
-        return ProcessResult(label, proc.returncode, rows, stalled, log, malformed)
-
-    def _watch(self, proc: subprocess.Popen[bytes], records: Path, log: Path) -> bool:
-        last, changed = -1, time.monotonic()
-        finished = _TeardownCounter(records)
-        while True:
-            try:
-                proc.wait(timeout=0.05)
-                self.on_tests(finished.more())
-                return False
-            except subprocess.TimeoutExpired:
-                pass
+        env = {SWEEP_SHARED_ENV: str(self.shared)}
+        devices = self._gpu_of.pop(label, ())
+        if len(devices) == 1:  # before the process starts, whatever its conftest does first
+            env[VISIBLE] = devices[0]
+        launch = Launch(label, tuple(cmd), self.cwd, env, records, log,
+                        self.options.stall_limit, devices)  # fmt: skip
+        with self._gate.hold(exclusive):
             if self.stopping.is_set():
                 raise KeyboardInterrupt
-            size = _size(records) + _size(log)
-            now = time.monotonic()
-            if size != last:
-                last, changed = size, now
-                self.on_tests(finished.more())
-            elif now - changed > self.options.stall_limit:
-                _kill(proc)
-                return True
+            end = self.executor.execute(launch, self.on_tests, self.stopping)
+        rows, malformed = load_records(records)
+        if end.interrupted:
+            raise Interrupted(
+                ProcessResult(label, end.returncode, cl.finished_rows(rows), False, log, malformed)
+            )
+        stall = self.options.stall_limit if end.stalled else None
+        added = cl.unfinished_rows(rows, stalled_after=stall)
+        if end.lost:
+            added = [{**row, "message": end.lost, "details": end.lost} for row in added]
+            added = added or _lost_replay_row(cmd, rows, label, end.lost, devices)
+        return ProcessResult(label, end.returncode, rows + added, end.stalled, log, malformed)
 
     def kill_all(self) -> None:
         self.stopping.set()
-        with self._lock:
-            live = list(self._live)
-        for proc in live:
-            _kill(proc)
+        self.executor.kill_all()
 
 
-class _TeardownCounter:
-    """Counts finished tests in a records directory, reading each file's new bytes only."""
-
-    def __init__(self, records: Path) -> None:
-        self.records = records
-        self.offsets: dict[Path, int] = {}
-        self.seen = 0
-
-    def more(self) -> int:
-        total = 0
-        for path in self.records.glob("records-*.jsonl"):
-            start = self.offsets.get(path, 0)
-            try:
-                with open(path, "rb") as f:
-                    f.seek(start)
-                    chunk = f.read()
-            except OSError:
-                continue
-            end = chunk.rfind(b"\n") + 1  # a line still being written waits for the next call
-            total += chunk[:end].count(TEARDOWN_MARK)
-            self.offsets[path] = start + end
-        self.seen += total
-        return total
-
-
-def _kill(proc: subprocess.Popen[bytes]) -> None:
+def _lost_replay_row(
+    cmd: Sequence[str], rows: Sequence[Record], label: str, why: str, devices: Sequence[str]
+) -> list[Record]:
+    """A crash row for the first test of a lost replay that left no row (the process was
+    in it, or about to be); none for a whole-suite run, whose order is not known here."""
+    files = [arg.split("=", 1)[1] for arg in cmd if arg.startswith("--capsafe-replay=")]
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        proc.kill()
-    proc.wait()
-
-
-def _size(path: Path) -> int:
-    if path.is_dir():
-        return sum(_size(p) for p in path.iterdir())
-    try:
-        return path.stat().st_size
+        sequence = order.read_replay(files[0]) if files else []
     except OSError:
-        return 0
+        return []
+    seen = {row["nodeid"] for row in rows}
+    for index, nodeid in enumerate(sequence):
+        if nodeid not in seen:
+            now = time.time()
+            return [{
+                "nodeid": nodeid, "phase": "call", "outcome": "failed", "duration": 0.0,
+                "run_id": label, "seed": None, "worker": "main", "index": index, "pid": 0,
+                "signals": ["crash"], "message": why, "details": why, "start": now,
+                "stop": now, "time": now, "gpu": devices[0] if len(devices) == 1 else "",
+            }]  # fmt: skip
+    return []
 
 
 def _last_line(log: Path) -> str:

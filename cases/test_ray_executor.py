@@ -1,0 +1,223 @@
+"""`capsafe sweep --executor ray` against a local Ray instance this module starts (issue 14).
+
+The same planted suite, the same seed, the local and the Ray executor: the same verdict
+for every test. A test that kills the Ray worker running its process: the task runs
+once more, then that test is recorded as crashed on that node, and the sweep goes on.
+Run with `pytest -m ray cases/test_ray_executor.py -p no:cacheprovider`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from capsafe_harness.executor import Launch
+from capsafe_harness.ray_executor import NOT_INSTALLED, RayExecutor
+from capsafe_harness.records import read_records
+
+pytestmark = pytest.mark.ray
+
+SUITES = Path(__file__).resolve().parent.parent / "repro" / "suites"
+FAST = ["--", "-p", "no:run-parallel", "-p", "no:hypothesispytest"]
+
+# Kills the Ray worker that started this pytest process (its parent), only under Ray:
+# under the local executor the parent is the sweep, which must never be hit.
+KILL_WORKER = """\
+import os
+import signal
+import time
+from pathlib import Path
+
+def _kill_the_ray_worker():
+    parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
+    if parent.startswith(b"ray::"):  # a Ray worker names itself after its task
+        time.sleep(1)  # mid-test: its setup row has streamed to the sweep
+        os.kill(os.getppid(), signal.SIGKILL)
+        os._exit(1)
+"""
+EVERY_TIME = """
+def test_kills_its_worker_every_time():
+    _kill_the_ray_worker()
+"""
+ONCE = """
+def test_kills_its_worker_once():
+    marker = Path(os.environ["CAPSAFE_SWEEP_SHARED"]) / "killed-once"
+    if not marker.exists():
+        marker.write_text("")
+        _kill_the_ray_worker()
+"""
+
+
+@pytest.fixture(scope="module")
+def ray_address():
+    ray = pytest.importorskip("ray", reason="needs the ray extra: pip install 'capsafe[ray]'")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+
+
+def _sweep(suite: Path, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "capsafe.cli", "sweep", "--no-progress", str(suite),
+         "--out", str(out), "--timeout", "10", *args, *FAST],
+        capture_output=True, text=True, timeout=150,
+    )  # fmt: skip
+
+
+def _verdicts(out: Path) -> dict[str, tuple[str, list[str], list[str]]]:
+    tests = json.loads((out / "summary.json").read_text())["tests"]
+    return {t["nodeid"]: (t["classification"], t["polluters"], t["state_setters"]) for t in tests}
+
+
+@pytest.mark.timeout(150)
+def test_ray_sweep_classifies_every_test_as_the_local_one(ray_address, tmp_path):
+    suite = SUITES / "polluter"
+    options = ["--runs", "2", "--workers", "0", "--seed", "3", "--isolation-runs", "1"]
+    local = _sweep(suite, tmp_path / "local", *options)
+    remote = _sweep(suite, tmp_path / "ray", *options, "--executor", "ray",
+                    "--address", ray_address)  # fmt: skip
+    assert (local.returncode, remote.returncode) == (1, 1), remote.stderr
+    assert _verdicts(tmp_path / "ray") == _verdicts(tmp_path / "local")
+    assert _verdicts(tmp_path / "ray")["test_lookup.py::test_registry_starts_empty"][0] == (
+        "order-dependent"
+    )
+    # the same processes left the same evidence in raw/, records and logs
+    names = lambda out: sorted(p.name for p in (out / "raw").iterdir())  # noqa: E731
+    assert names(tmp_path / "ray") == names(tmp_path / "local")
+    assert "passed" in (tmp_path / "ray" / "raw" / "run-1.log").read_text()
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_lost_twice_is_a_crash_of_its_test_on_that_node(ray_address, tmp_path):
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "test_killer.py").write_text(KILL_WORKER + EVERY_TIME)
+    (suite / "pytest.ini").write_text("[pytest]\n")
+    out = tmp_path / "report"
+    done = _sweep(suite, out, "--runs", "1", "--workers", "0", "--seed", "1",
+                  "--isolation-runs", "1", "--executor", "ray",
+                  "--address", ray_address)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    killer = "test_killer.py::test_kills_its_worker_every_time"
+    test = {t["nodeid"]: t for t in json.loads((out / "summary.json").read_text())["tests"]}[killer]
+    assert (test["classification"], test["signals"]) == ("fail", ["crash"])
+    crashes = [r for r in read_records(out / "records.jsonl") if "crash" in r["signals"]]
+    assert {r["run_id"] for r in crashes} == {"run-1", "alone-1"}
+    assert all(r["nodeid"] == killer and "lost with Ray node" in r["message"] for r in crashes)
+    log = (out / "raw" / "run-1.log").read_text()
+    assert "run-1 attempt 1 on Ray node" in log and "run again" in log
+    assert "WorkerCrashedError" in log
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_lost_once_is_run_again_and_only_the_rerun_counts(ray_address, tmp_path):
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "test_killer.py").write_text(KILL_WORKER + ONCE)
+    (raw := tmp_path / "raw" / "shared").mkdir(parents=True)
+    records = tmp_path / "raw" / "run-1"
+    cmd = (sys.executable, "-m", "pytest", "test_killer.py", "-p", "capsafe",
+           f"--capsafe-records={records}", "--capsafe-run-id=run-1", "-p", "no:xdist",
+           "-q", "-p", "no:cacheprovider")  # fmt: skip
+    launch = Launch("run-1", cmd, suite, {"CAPSAFE_SWEEP_SHARED": str(raw)}, records,
+                    tmp_path / "raw" / "run-1.log", 60.0)  # fmt: skip
+    finished: list[int] = []
+    end = RayExecutor.connect(ray_address).execute(launch, finished.append, threading.Event())
+    assert (end.returncode, end.lost, end.interrupted) == (0, "", False)
+    rows = read_records(records)
+    assert [(r["phase"], r["outcome"]) for r in rows] == [
+        ("setup", "passed"), ("call", "passed"), ("teardown", "passed")
+    ]  # fmt: skip
+    assert sum(finished) == 1
+    log = launch.log.read_text()
+    assert "attempt 1 on Ray node" in log and "1 passed" in log
+
+
+def test_without_ray_installed_the_sweep_says_so_in_one_line(tmp_path):
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    (hidden / "ray.py").write_text("raise ImportError('ray is not installed here')\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "capsafe.cli", "sweep", str(SUITES / "polluter"), "--out",
+         str(tmp_path / "out"), "--executor", "ray"],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(hidden)},
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [f"capsafe sweep: {NOT_INSTALLED}"]
+
+
+def test_an_unreachable_address_is_one_line(tmp_path):
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    done = _sweep(SUITES / "polluter", tmp_path / "out", "--executor", "ray",
+                  "--address", f"127.0.0.1:{port}")  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"capsafe sweep: --address 127.0.0.1:{port}: no Ray cluster reachable there "
+        "(Connection refused)"
+    ]
+
+
+def test_gpus_on_a_cluster_without_any_is_one_line(ray_address, tmp_path):
+    done = _sweep(SUITES / "polluter", tmp_path / "out", "--executor", "ray",
+                  "--address", ray_address, "--gpus", "0,1")  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        "capsafe sweep: --gpus with --executor ray: the Ray cluster has no GPU resource"
+    )
+
+
+SLEEPER = """\
+import os
+import time
+from pathlib import Path
+
+def test_sleeps():
+    Path(os.environ["CAPSAFE_SWEEP_SHARED"], "pid").write_text(str(os.getpid()))
+    time.sleep(60)
+"""
+
+
+@pytest.mark.timeout(90)
+def test_ctrl_c_cancels_the_task_and_kills_its_test_process(ray_address, tmp_path):
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "test_sleeper.py").write_text(SLEEPER)
+    out = tmp_path / "report"
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "capsafe.cli", "sweep", "--no-progress", str(suite), "--out",
+         str(out), "--runs", "1", "--workers", "0", "--executor", "ray", "--address",
+         ray_address, *FAST],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    pid_file = out / "raw" / "shared" / "pid"
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() and time.monotonic() < deadline and sweep.poll() is None:
+        time.sleep(0.2)
+    assert pid_file.exists(), sweep.stderr.read() if sweep.poll() is not None else "no start"
+    test_pid = int(pid_file.read_text())
+    sweep.send_signal(signal.SIGINT)
+    assert sweep.wait(timeout=40) == 130
+    for _ in range(50):  # the task's watchdog kills the test process as the cancel lands
+        try:
+            os.kill(test_pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(test_pid, signal.SIGKILL)
+        pytest.fail("the test process outlived the sweep's Ctrl-C")
+    assert "interrupted" in (out / "report.md").read_text()
