@@ -17,7 +17,9 @@ from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
-from . import capture_sweep, classify, sweep
+from . import capture_sweep, classify, gpus, placement, sweep
+from .executor import EXECUTORS, make_executor
+from .ray_executor import NOT_INSTALLED
 from .shard import parse_shard
 
 EPILOG = """\
@@ -140,6 +142,30 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="do shard K of N (a CI matrix job): runs K, K+N, ... and the alone "
                         "reruns of its share of the failing tests, no searches; needs --seed; "
                         "`capsafe merge` combines the shards' --out")  # fmt: skip
+    parser.add_argument(
+        "--executor",
+        choices=EXECUTORS,
+        default="local",
+        help="where the pytest processes run: local subprocesses (default), or ray: each one "
+        "a Ray task (needs capsafe[ray]; every node needs this checkout and Python at the same "
+        "paths, or a shared filesystem)",
+    )
+    parser.add_argument(
+        "--address",
+        default=None,
+        metavar="ADDR",
+        help="--executor ray: the cluster, auto, HOST:PORT or ray://HOST:PORT (default: start "
+        "or join a local Ray instance)",
+    )
+    parser.add_argument(
+        "--gpus",
+        default=None,
+        metavar="all|N|ID,ID...",
+        help="pin each xdist worker, rerun and replay to one GPU through CUDA_VISIBLE_DEVICES, "
+        "round-robin (all: every GPU nvidia-smi -L or CUDA_VISIBLE_DEVICES shows; N: the first "
+        "N; ids (one: `2,`): as given, even where no GPU is found); each row records its `gpu`, "
+        "the report groups failures by GPU; with ray each task asks for one GPU",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.set_defaults(func=main, pytest_args=[])
 
@@ -162,7 +188,10 @@ def main(args: argparse.Namespace) -> int:
         print(f"capsafe sweep: interrupted; the report in {options.out} may be incomplete",
               file=sys.stderr)  # fmt: skip
         return sweep.EXIT_INTERRUPTED
-    for line in sweep.console_lines(result):
+    lines = sweep.console_lines(result)
+    if by_gpu := placement.console_line(options.out / "summary.json"):
+        lines.insert(-1, by_gpu)
+    for line in lines:
         print(f"capsafe sweep: {line}" if line == result.reason else line, file=sys.stderr)
     return result.exit_code
 
@@ -212,6 +241,16 @@ def options_from(args: argparse.Namespace) -> sweep.SweepOptions:
             raise sweep.SweepError(str(exc)) from None
         if args.seed is None and not args.resume:
             raise sweep.SweepError("--shard needs --seed S: every shard of a sweep has its seed")
+    if args.executor == "ray" and importlib.util.find_spec("ray") is None:
+        raise sweep.SweepError(NOT_INSTALLED)
+    if args.address is not None and args.executor != "ray":
+        raise sweep.SweepError("--address needs --executor ray")
+    try:
+        devices = gpus.parse(args.gpus) if args.gpus is not None else ()
+    except gpus.GpuError as exc:
+        raise sweep.SweepError(f"--gpus {exc}") from None
+    if args.executor != "local":  # connect now: an unreachable cluster is a usage error
+        make_executor(args.executor, args.address, gpus=bool(devices))
     sweep.prepare_out(out, resume=args.resume, force=args.force)
     options = sweep.SweepOptions(
         paths=tuple(paths),
@@ -232,6 +271,9 @@ def options_from(args: argparse.Namespace) -> sweep.SweepOptions:
         force=args.force,
         protect=capture_sweep.protect_choice(args.protect),
         shard=shard,
+        executor=args.executor,
+        address=args.address,
+        gpus=devices,
     )
     if args.resume:
         before = sweep.resumed_options(out)
