@@ -20,9 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from capsafe_harness.executor import Launch
+from capsafe_harness.executor import Exit, Launch
+from capsafe_harness.options import SweepOptions
+from capsafe_harness.order import write_replay
 from capsafe_harness.ray_executor import NOT_INSTALLED, RayExecutor
-from capsafe_harness.records import read_records
+from capsafe_harness.records import read_records, to_json
+from capsafe_harness.runner import Runner
 
 pytestmark = pytest.mark.ray
 
@@ -221,3 +224,35 @@ def test_ctrl_c_cancels_the_task_and_kills_its_test_process(ray_address, tmp_pat
         os.kill(test_pid, signal.SIGKILL)
         pytest.fail("the test process outlived the sweep's Ctrl-C")
     assert "interrupted" in (out / "report.md").read_text()
+
+
+class _LostAfterOneTest:
+    """An executor whose node is lost after the first test of a replay finished."""
+
+    def execute(self, launch, on_tests, stopping):
+        rows = [
+            {"nodeid": "a.py::t1", "phase": phase, "outcome": "passed", "duration": 0.0,
+             "run_id": launch.label, "seed": 1, "worker": "main", "index": 0, "pid": 7,
+             "signals": [], "message": "", "details": "", "start": 1.0, "stop": 1.0,
+             "time": 1.0, "gpu": ""}
+            for phase in ("setup", "call", "teardown")
+        ]  # fmt: skip
+        text = "".join(to_json(r) + "\n" for r in rows)
+        (launch.records / "records-replay-1-main-7.jsonl").write_text(text)
+        return Exit(-9, lost="lost with Ray node n1 (NodeDiedError), run 2 times")
+
+    def kill_all(self):
+        pass
+
+
+def test_a_lost_replay_without_a_row_in_flight_crashes_its_first_unfinished_test(tmp_path):
+    options = SweepOptions(paths=(tmp_path,), out=tmp_path / "out", seed=1, gpus=("3",))
+    runner = Runner(options, tmp_path / "raw", executor=_LostAfterOneTest())
+    replay = tmp_path / "replay.txt"
+    write_replay(replay, ["a.py::t1", "a.py::t2", "a.py::t3"])
+    cmd = runner.pytest_command(["a.py"], tmp_path / "raw" / "replay-1", "replay-1", seed=1,
+                                workers=0, replay_file=replay)  # fmt: skip
+    result = runner.run("replay-1", cmd)
+    crashed = [r for r in result.rows if "crash" in r["signals"]]
+    assert [(r["nodeid"], r["index"], r["gpu"]) for r in crashed] == [("a.py::t2", 1, "3")]
+    assert crashed[0]["message"].startswith("lost with Ray node n1")
