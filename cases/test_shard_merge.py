@@ -173,7 +173,7 @@ def test_shards_deal_out_every_run_and_every_test_once():
             parse_shard(bad)
 
 
-def test_sweep_refuses_a_shard_without_a_seed(tmp_path):
+def test_sweep_refuses_a_shard_without_a_seed_or_with_more_shards_than_runs(tmp_path):
     (tmp_path / "test_a.py").write_text("def test_a():\n    pass\n")
     code, err = finish(capsafe("sweep", "--no-progress", ".", "--shard", "1/2", "--out",
                                str(tmp_path / "o"), cwd=tmp_path))  # fmt: skip
@@ -181,3 +181,6 @@ def test_sweep_refuses_a_shard_without_a_seed(tmp_path):
     code, err = finish(capsafe("sweep", "--no-progress", ".", "--shard", "3/2", "--seed", "1",
                                "--out", str(tmp_path / "o"), cwd=tmp_path))  # fmt: skip
     assert code == 2 and "--shard must be K/N" in err, err
+    more = ("--shard", "1/3", "--seed", "1", "--runs", "2", "--out", str(tmp_path / "o"))
+    code, err = finish(capsafe("sweep", "--no-progress", ".", *more, cwd=tmp_path))
+    assert code == 2 and "N must be at most --runs" in err, err

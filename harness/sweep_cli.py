@@ -241,6 +241,9 @@ def options_from(args: argparse.Namespace) -> sweep.SweepOptions:
             raise sweep.SweepError(str(exc)) from None
         if args.seed is None and not args.resume:
             raise sweep.SweepError("--shard needs --seed S: every shard of a sweep has its seed")
+        if shard.count > args.runs:
+            raise sweep.SweepError(f"--shard {shard} with --runs {args.runs}: a shard does whole "
+                                   "runs, so N must be at most --runs")  # fmt: skip
     if args.executor == "ray" and importlib.util.find_spec("ray") is None:
         raise sweep.SweepError(NOT_INSTALLED)
     if args.address is not None and args.executor != "ray":
