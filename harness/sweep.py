@@ -600,14 +600,20 @@ class Sweep:
         if kind == "polluter" and ev.ever_failed_alone:
             return []
         seed = self.seeds[0] if self.seeds else None
+        oracle = self._oracle(nodeid, kind == "polluter", seed)
         try:
-            reproduced = self._oracle(nodeid, kind == "polluter", seed)(culprits)
+            if len(culprits) == 1:
+                reproduced, replays = oracle(culprits), 1
+            else:  # another test's cause may hold more than this one needs: minimise it
+                found = search.search(nodeid, culprits, oracle)
+                reproduced, replays = found.reproduced, found.replays
+                culprits = found.culprits if found.reproduced else culprits
         except _BudgetSpent:
             return []
         verified, spent = self._verify(kind, culprits, nodeid, seed) if reproduced else (False, 0)
         if reproduced:
-            self._record(SearchRecord(nodeid, "trial", len(culprits), 1, spent, list(culprits),
-                                      verified, False))  # fmt: skip
+            self._record(SearchRecord(nodeid, "trial", len(culprits), replays, spent,
+                                      list(culprits), verified, False))  # fmt: skip
         if verified:
             return self._trials(kind, culprits, nodeid)
         with self._lock:  # the screen reproduced it with more before it: search that
