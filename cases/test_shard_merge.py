@@ -143,6 +143,9 @@ def test_three_shards_merged_classify_as_the_unsharded_sweep(tmp_path):
     ({"options": {"shard": "4/3"}}, "is not a sweep's state: --shard must be K/N"),
     ({"options": {"shard": "1/2", "runs": 2}, "runs_done": [], "processes": {}, "alone": [],
       "invoked_from": "/"}, "did not finish its runs (0 of 1 done)"),
+    ({"options": {"shard": "1/2", "runs": 2}, "runs_done": [1], "alone": [],
+      "processes": {"run-1": {"returncode": 1, "stalled": False}}, "invoked_from": "/"},
+     "lacks the records of run-1"),
 ])  # fmt: skip
 def test_bad_shard_directories_are_one_line_usage_errors(tmp_path, write, says):
     shard = tmp_path / "shard"

@@ -86,6 +86,9 @@ def read_shard(path: Path) -> ShardDir:
     if not labels <= set(processes) or not {f"run-{k}" for k in done} <= set(processes):
         raise SweepError(f"{path / STATE_FILE} is not a sweep's state: it names processes "
                          "it holds no facts about")  # fmt: skip
+    lost = [f"run-{k}" for k in done if not (path / "raw" / f"run-{k}").is_dir()]
+    if lost:
+        raise SweepError(f"{path} lacks the records of {', '.join(lost)} (raw/{lost[0]})")
     collected = read_collected(path / "raw" / "collected.json")
     if collected is None:
         raise SweepError(f"{path} holds no collection (raw/collected.json)")
