@@ -98,12 +98,6 @@ def reproduces(
     return failed([*cause, victim]) and not failed([victim])
 
 
-# Victims a sweep of this size is known to miss (left `pass` or `flaky`, never given a
-# wrong cause), measured 2026-12-01: freezegun at --runs 6 shows 11 of its 14 victims;
-# finding all of them is still open (issue 10). A miss beyond these fails the test.
-KNOWN_MISSES = {"freezegun": 3}
-
-
 @pytest.mark.parametrize("case", _cases(), ids=[c["name"] for c in _cases()])
 def test_the_sweep_classifies_the_case_as_its_key_says(case: dict, wheel: Path, tmp_path: Path):
     with tarfile.open(SHARED / case["archive"]) as archive:
@@ -140,7 +134,7 @@ def test_the_sweep_classifies_the_case_as_its_key_says(case: dict, wheel: Path, 
                 f"{victim}: cause {named}, key allows {sorted(allowed_causes(case, victim))}"
             )
     assert not wrong, "\n".join(wrong) + "\n" + done.stderr
-    assert len(missed) <= KNOWN_MISSES.get(case["name"], 0), "\n".join(missed)
+    assert not missed, "\n".join(missed)
     for nodeid, test in tests.items():
         if nodeid in victims or not test["polluters"]:
             continue
