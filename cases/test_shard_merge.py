@@ -187,3 +187,17 @@ def test_sweep_refuses_a_shard_without_a_seed_or_with_more_shards_than_runs(tmp_
     more = ("--shard", "1/3", "--seed", "1", "--runs", "2", "--out", str(tmp_path / "o"))
     code, err = finish(capsafe("sweep", "--no-progress", ".", *more, cwd=tmp_path))
     assert code == 2 and "N must be at most --runs" in err, err
+
+
+def test_a_shard_the_budget_stopped_is_resumed_before_the_merge(tmp_path):
+    (tmp_path / "test_a.py").write_text("def test_a():\n    pass\n")
+    shard = tmp_path / "shard-1"
+    args = ("sweep", "--no-progress", ".", "--runs", "4", "--workers", "0", "--seed", "1",
+            "--shard", "1/2", "--out", str(shard))  # fmt: skip
+    code, err = finish(capsafe(*args, "--budget", "0.01", *FAST, cwd=tmp_path))
+    assert code == 0 and "stopped after 1 of its 2 runs" in err, err
+    code, err = merge(str(tmp_path / "m"), str(shard), cwd=tmp_path)
+    assert code == 2 and "did not finish its runs (1 of 2 done)" in err, err
+    code, err = finish(capsafe(*args, "--resume", *FAST, cwd=tmp_path))
+    assert code == 0 and "done (2 runs" in err, err
+    assert json.loads((shard / "sweep.json").read_text())["runs_done"] == [1, 3]

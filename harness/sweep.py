@@ -823,10 +823,13 @@ class Sweep:
         if self.neighbors_problem:
             return SweepResult(summary, EXIT_USAGE, f"{self.neighbors_problem}; report: {out}")
         if o.shard is not None and self.collected and not interrupted:
-            return SweepResult(summary, EXIT_OK, f"shard {o.shard} done ({len(self.run_ids)} "
-                               f"runs, {len(self.alone_done)} alone reruns); verdicts come from "
-                               f"`capsafe merge OUT` over every shard's --out; partial report: "
-                               f"{out / 'report.html'}")  # fmt: skip
+            mine = len(self._run_numbers())
+            done = (f"done ({mine} runs, {len(self.alone_done)} alone reruns); verdicts come "
+                    "from `capsafe merge OUT` over every shard's --out"
+                    if len(self.runs_done) == mine else f"stopped after {len(self.runs_done)} "
+                    f"of its {mine} runs: `--resume` it before `capsafe merge`")  # fmt: skip
+            where = f"partial report: {out / 'report.html'}"
+            return SweepResult(summary, EXIT_OK, f"shard {o.shard} {done}; {where}")
         return _outcome(summary, o.baseline, interrupted, out, bool(self.collected))
 
     def _history(self, tests: Sequence[TestVerdict]) -> list[dict[str, str]]:
