@@ -1,9 +1,9 @@
 """GPU pinning (issue 14) on the CPU: a fake device list, checked through the records.
 
-Every test process of the planted suite writes the CUDA_VISIBLE_DEVICES it saw at
-conftest import (before any hook could set it late) and in the test; the rows must
-name the same device, xdist workers round-robin, single processes round-robin, and
-the split of tests over devices must follow from the seed.
+Every test process of the planted suite (pinning_suite) notes the CUDA_VISIBLE_DEVICES
+it saw at conftest import and in the test; the rows must name the same device, xdist
+workers round-robin, single processes round-robin, and the split of tests over devices
+must follow from the seed.
 """
 
 from __future__ import annotations
@@ -16,56 +16,17 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from pinning_suite import seen, write_suite
 
 from capsafe_harness import gpus, placement
 from capsafe_harness.records import from_json, read_records, to_json
 
 FAST = ["-p", "no:run-parallel", "-p", "no:hypothesispytest", "-p", "no:cacheprovider"]
 
-CONFTEST = """\
-import os
-AT_IMPORT = os.environ.get("CUDA_VISIBLE_DEVICES")
-"""
-TESTS = """\
-import os
-import pytest
-import conftest
-
-def _note(name):
-    seen = os.environ.get("CUDA_VISIBLE_DEVICES")
-    folder = os.environ.get("CAPSAFE_SWEEP_SHARED") or os.environ["SEEN_DIR"]
-    with open(os.path.join(folder, f"seen-{os.getpid()}.txt"), "a") as f:
-        f.write(f"{name} {conftest.AT_IMPORT} {seen}\\n")
-    return seen
-
-@pytest.mark.parametrize("k", range(8))
-def test_sees_one_device(k):
-    _note(f"test_env.py::test_sees_one_device[{k}]")
-
-def test_broken_on_gpu_1():
-    assert _note("test_env.py::test_broken_on_gpu_1") != "1", "device 1 gives wrong results"
-"""
-
 
 @pytest.fixture
 def suite(tmp_path: Path) -> Path:
-    root = tmp_path / "suite"
-    root.mkdir()
-    (root / "conftest.py").write_text(CONFTEST)
-    (root / "test_env.py").write_text(TESTS)
-    (root / "pytest.ini").write_text("[pytest]\n")
-    return root
-
-
-def _seen(folder: Path) -> dict[int, set[tuple[str, str]]]:
-    """pid -> {(device at conftest import, device in the test)}."""
-    found: dict[int, set[tuple[str, str]]] = {}
-    for path in folder.rglob("seen-*.txt"):
-        pid = int(path.stem.split("-")[1])
-        for line in path.read_text().splitlines():
-            _, at_import, in_test = line.split()
-            found.setdefault(pid, set()).add((at_import, in_test))
-    return found
+    return write_suite(tmp_path / "suite")
 
 
 def test_specs_resolve_against_the_devices_found():
@@ -74,6 +35,8 @@ def test_specs_resolve_against_the_devices_found():
     assert gpus.parse("2", four) == ("0", "1")
     assert gpus.parse("0,2,5", four) == ("0", "2", "5")  # ids as given, found or not
     assert gpus.parse("3,", four) == ("3",)  # one device by id
+    for devices in (("3",), ("0", "2")):
+        assert gpus.parse(gpus.as_spec(devices), four) == devices
     assert gpus.parse("GPU-a1b2,GPU-c3d4", list) == ("GPU-a1b2", "GPU-c3d4")
     for bad, why in (("5", "1 to 4"), ("0", "1 to 4"), ("0,0", "twice"), ("0,,1", "give all")):
         with pytest.raises(gpus.GpuError, match=why):
@@ -118,10 +81,10 @@ def test_plain_pytest_pins_each_xdist_worker_before_conftest_import(suite, tmp_p
         )  # fmt: skip
         assert done.returncode in (0, 1), done.stdout + done.stderr  # 1: on GPU 1 it breaks
         rows = [r for r in read_records(out) if r["phase"] == "call"]
-        seen = _seen(out)
+        noted = seen(out)
         for row in rows:
             assert row["gpu"] == gpus.for_worker(("0", "1", "2"), row["worker"])
-            assert seen[row["pid"]] == {(row["gpu"], row["gpu"])}  # one device, from import on
+            assert noted[row["pid"]] == {(row["gpu"], row["gpu"])}  # one device, from import on
         return {r["nodeid"]: r["gpu"] for r in rows}
 
     first = run(tmp_path / "a")
@@ -140,14 +103,16 @@ def test_sweep_pins_every_process_and_reports_the_gpu_finding(suite, tmp_path):
     )  # fmt: skip
     assert done.returncode == 1, done.stderr
     rows = read_records(out / "records.jsonl")
-    seen = _seen(out / "raw" / "shared")
-    singles: Counter[str] = Counter()
+    noted = seen(out / "raw" / "shared")
+    single_processes: dict[str, str] = {}  # run id -> its one device
     for row in rows:
-        assert seen[row["pid"]] == {(row["gpu"], row["gpu"])}, row
+        assert noted[row["pid"]] == {(row["gpu"], row["gpu"])}, row
         if row["run_id"].startswith("run-"):
             assert row["gpu"] == gpus.for_worker(("0", "1", "2"), row["worker"])
-        elif row["phase"] == "call":
-            singles[row["gpu"]] += 1
+        else:
+            single_processes[row["run_id"]] = row["gpu"]
+    singles = Counter(single_processes.values())
+    assert set(singles) == {"0", "1", "2"}, singles  # every single process ran, pinned
     assert max(singles.values()) - min(singles.values()) <= 1, singles  # round-robin
     summary = json.loads((out / "summary.json").read_text())
     findings = summary["placement"]["findings"]
@@ -233,17 +198,17 @@ def test_on_the_gpu_every_process_sees_the_one_device_of_its_row(tmp_path):
         capture_output=True, text=True, timeout=190,
     )  # fmt: skip
     assert done.returncode == 1, done.stderr
-    seen: dict[int, set[tuple[str, int]]] = {}
+    counted: dict[int, set[tuple[str, int]]] = {}
     for path in (out / "raw" / "shared").glob("devices-*.txt"):
         for line in path.read_text().splitlines():
             visible, count = line.split()
-            seen.setdefault(int(path.stem.split("-")[1]), set()).add((visible, int(count)))
+            counted.setdefault(int(path.stem.split("-")[1]), set()).add((visible, int(count)))
     rows = [r for r in read_records(out / "records.jsonl") if r["phase"] == "call" and r["pid"]]
     by_gpu = Counter(r["gpu"] for r in rows)
     print(
-        f"GPUs found {found}; call rows per gpu {dict(by_gpu)}; processes {len(seen)}; "
-        f"(CUDA_VISIBLE_DEVICES, devices seen) {sorted(set().union(*seen.values()))}"
+        f"GPUs found {found}; call rows per gpu {dict(by_gpu)}; processes {len(counted)}; "
+        f"(CUDA_VISIBLE_DEVICES, devices seen) {sorted(set().union(*counted.values()))}"
     )
     assert set(by_gpu) <= set(found) and by_gpu
     for row in rows:
-        assert seen[row["pid"]] == {(row["gpu"], 1)}, row  # one device, the row's
+        assert counted[row["pid"]] == {(row["gpu"], 1)}, row  # one device, the row's

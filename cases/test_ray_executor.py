@@ -19,9 +19,10 @@ import time
 from pathlib import Path
 
 import pytest
+from pinning_suite import seen, write_suite
 
 from capsafe_harness.executor import Exit, Launch
-from capsafe_harness.options import SweepOptions
+from capsafe_harness.options import SweepError, SweepOptions
 from capsafe_harness.order import write_replay
 from capsafe_harness.ray_executor import NOT_INSTALLED, RayExecutor
 from capsafe_harness.records import read_records, to_json
@@ -63,7 +64,8 @@ def test_kills_its_worker_once():
 @pytest.fixture(scope="module")
 def ray_address():
     ray = pytest.importorskip("ray", reason="needs the ray extra: pip install 'capsafe[ray]'")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # two GPUs declared, none present: Ray hands them out (CUDA_VISIBLE_DEVICES) all the same
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
     try:
         yield ray.get_runtime_context().gcs_address
     finally:
@@ -174,13 +176,29 @@ def test_an_unreachable_address_is_one_line(tmp_path):
     ]
 
 
-def test_gpus_on_a_cluster_without_any_is_one_line(ray_address, tmp_path):
-    done = _sweep(SUITES / "polluter", tmp_path / "out", "--executor", "ray",
-                  "--address", ray_address, "--gpus", "0,1")  # fmt: skip
-    assert done.returncode == 2
-    assert done.stderr.strip().splitlines()[-1] == (
-        "capsafe sweep: --gpus with --executor ray: the Ray cluster has no GPU resource"
-    )
+def test_gpus_on_a_cluster_without_any_is_one_line(ray_address, monkeypatch):
+    import ray
+
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
+    with pytest.raises(
+        SweepError, match=r"^--gpus with --executor ray: the Ray cluster has no GPU"
+    ):
+        RayExecutor.connect(ray_address, gpus=True)
+
+
+@pytest.mark.timeout(120)
+def test_each_ray_task_is_pinned_to_the_gpu_ray_gave_it(ray_address, tmp_path):
+    suite = write_suite(tmp_path / "suite")
+    out = tmp_path / "report"
+    done = _sweep(suite, out, "--runs", "1", "--workers", "2", "--isolation-runs", "2",
+                  "--seed", "11", "--gpus", "0,1", "--executor", "ray",
+                  "--address", ray_address)  # fmt: skip
+    assert done.returncode in (0, 1), done.stderr
+    rows = read_records(out / "records.jsonl")
+    noted = seen(out / "raw" / "shared")
+    assert rows and {r["gpu"] for r in rows} <= {"0", "1"}
+    for row in rows:
+        assert noted[row["pid"]] == {(row["gpu"], row["gpu"])}, row  # Ray's one device
 
 
 SLEEPER = """\

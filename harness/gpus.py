@@ -41,6 +41,11 @@ def add_option(group: Any) -> None:
     )
 
 
+def as_spec(devices: Sequence[str]) -> str:
+    """`devices` as a spec `parse` reads back as these ids (one device: `2,`, never a count)."""
+    return ",".join(devices) + ("," if len(devices) == 1 else "")
+
+
 def smi_devices(text: str) -> list[str]:
     """Device indices in `nvidia-smi -L` output."""
     return _SMI_LINE.findall(text)

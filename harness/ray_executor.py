@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from .executor import SWEEP_SHARED_ENV, Chunk, Exit, Launch, WatchedProcess, teardowns
-from .gpus import VISIBLE
+from .gpus import VISIBLE, as_spec
 from .options import SweepError
 
 RETRIES = 1  # runs of a lost task after the first
@@ -237,16 +237,16 @@ def _for_node(
         local.parent.mkdir(parents=True, exist_ok=True)
         local.write_bytes(data)
         paths[name] = str(local)
-    devices = ",".join(str(i) for i in gpu_ids)
+    ids = [str(i) for i in gpu_ids]
     cmd = []
     for arg in launch.cmd:
         option, sep, value = arg.partition("=")
-        if sep and option == "--capsafe-gpus" and devices:
-            value = devices
+        if sep and option == "--capsafe-gpus" and ids:
+            value = as_spec(ids)
         cmd.append(f"{option}={paths.get(value, value)}" if sep else arg)
     node_env = {**os.environ, **env}
-    if devices:
-        node_env[VISIBLE] = devices
+    if ids:
+        node_env[VISIBLE] = ",".join(ids)
     shared = Path(node_env[SWEEP_SHARED_ENV])
     try:
         shared.mkdir(parents=True, exist_ok=True)

@@ -38,7 +38,7 @@ from . import classify as cl
 from . import order
 from .collection import COLLECT_OUT_ENV, PLUGIN, Collected, read_collected
 from .executor import SWEEP_SHARED_ENV, SWEEP_TMP_ENV, Executor, Launch, make_executor
-from .gpus import VISIBLE
+from .gpus import VISIBLE, as_spec
 from .optional_plugins import quiet_plugin_args
 from .options import SweepError, SweepOptions
 from .records import Record, load_records
@@ -200,7 +200,7 @@ class Runner:
         if o.gpus and run_id is not None:
             devices = o.gpus if workers else self._next_gpu()
             self._gpu_of[run_id] = devices
-            cmd.append(f"--capsafe-gpus={','.join(devices)}")
+            cmd.append(f"--capsafe-gpus={as_spec(devices)}")
         cmd += quiet_plugin_args(o.threads)
         return [*cmd, *extra, "-q", "-p", "no:cacheprovider", *o.pytest_args]
 
