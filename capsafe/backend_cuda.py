@@ -285,12 +285,19 @@ class CudaBackend(Backend):
         self._call("cuEventDestroy", event.raw)
 
     # -- memory -------------------------------------------------------------
+    # mem_alloc / mem_free are a memory pool's growth path (CuPy's, through
+    # capsafe.integrations.cupy): called directly, without _call's generic unpacking,
+    # and the pointer cuMemAlloc returned is handed back as it is.
     def mem_alloc(self, size: int) -> DevicePtr:
-        ptr = self._call("cuMemAlloc", size, detail=f"{size} bytes")
+        err, ptr = self._drv.cuMemAlloc(size)
+        if err != self._ok:
+            raise cuda_error(err.name, "cuMemAlloc", f"{size} bytes")
         return DevicePtr(int(ptr), raw=ptr, size=size)
 
     def mem_free(self, ptr: DevicePtr) -> None:
-        self._call("cuMemFree", self._ptr(ptr))
+        (err,) = self._drv.cuMemFree(ptr.value if ptr.raw is None else ptr.raw)
+        if err != self._ok:
+            raise cuda_error(err.name, "cuMemFree")
 
     def mem_alloc_async(self, size: int, stream: Stream) -> DevicePtr:
         ptr = self._call("cuMemAllocAsync", size, self._stream(stream), detail=f"{size} bytes")

@@ -4,7 +4,8 @@ The fake `cupy` module (injected into sys.modules) has what the integration
 touches: `cuda.MemoryPool` over a base allocator, `PythonFunctionAllocator`,
 `set_allocator`/`get_allocator`, the pinned pool and its setter, a plain-Python
 `_BaseStream` whose `begin_capture`/`end_capture` call the (raw, ungated) sim
-driver the way CuPy calls the runtime, and `runtime.CUDARuntimeError`.
+driver the way CuPy calls the runtime, and `runtime.malloc`/`free`/`CUDARuntimeError`
+over the raw sim as CuPy's runtime module sits over the driver.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pytest
 from capsafe.driver import GatedDriver
 from capsafe.errors import CaptureInvalidated, CudaError, UsageError
 from capsafe.gate import CaptureGate
-from capsafe.handles import CaptureMode
+from capsafe.handles import CaptureMode, DevicePtr
 from capsafe.integrations import cupy as integration
 
 pytestmark = pytest.mark.timeout(60)
@@ -99,7 +100,27 @@ class PinnedMemoryPool:
 
 def fake_cupy(sim):
     """A fresh fake `cupy` whose streams capture on `sim` directly (no gate)."""
+
+    def primary():  # the runtime makes device 0's primary context current on first use
+        if sim.ctx_get_current() is None:
+            sim.ctx_set_current(sim.primary_ctx_retain(sim.device_get(0)))
+
+    def free(ptr):
+        primary()
+        sim.mem_free(DevicePtr(ptr))
+
+    def malloc(size):  # cudaMalloc over the raw driver, as CuPy's runtime module does
+        primary()
+        try:
+            return sim.mem_alloc(size).value
+        except CudaError as exc:
+            if exc.result == "CUDA_ERROR_OUT_OF_MEMORY":
+                raise CUDARuntimeError(2) from exc
+            raise
+
     runtime = types.SimpleNamespace(
+        malloc=malloc,
+        free=free,
         streamCaptureModeGlobal=0,
         streamCaptureModeThreadLocal=1,
         streamCaptureModeRelaxed=2,
