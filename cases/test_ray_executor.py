@@ -147,6 +147,7 @@ def test_a_worker_lost_once_is_run_again_and_only_the_rerun_counts(ray_address, 
     assert sum(finished) == 1
     log = launch.log.read_text()
     assert "attempt 1 on Ray node" in log and "1 passed" in log
+    assert log.splitlines()[1].startswith("capsafe: run-1 runs on Ray node ")  # after the note
 
 
 def test_without_ray_installed_the_sweep_says_so_in_one_line(tmp_path):

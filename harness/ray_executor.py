@@ -139,8 +139,10 @@ class RayExecutor:
                     item = ray.get(next(gen))
                 except StopIteration:
                     break
-                if isinstance(item, str):
+                if isinstance(item, str):  # first: the node (the log's first line names it)
                     node[0] = item
+                    _write(launch, Chunk(log=f"capsafe: {launch.label} runs on Ray node "
+                                             f"{item}\n".encode()))  # fmt: skip
                 elif isinstance(item, Chunk):
                     _write(launch, item)
                     progress(teardowns(item))
