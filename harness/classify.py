@@ -180,6 +180,7 @@ class Evidence:
     state_setters: list[str] = field(default_factory=list)
     unconfirmed: list[str] = field(default_factory=list)
     concurrent: list[str] = field(default_factory=list)  # set only when parallel-unsafe holds
+    collides_with: list[str] = field(default_factory=list)  # of `concurrent`: confirmed K times
     collect_error: str | None = None
     capture_unsafe: bool = False  # set from harness.capture_sweep before classifying
     budget_cut: bool = False  # --budget stopped a rerun, search or verification it needed

@@ -260,6 +260,8 @@ def _cause_text(test: Mapping[str, Any]) -> str:
         return "after " + " + ".join(test["polluters"])
     if test["state_setters"]:
         return "passes after " + " + ".join(test["state_setters"])
+    if test.get("collides_with"):
+        return "collides with " + ", ".join(test["collides_with"])
     if test.get("concurrent"):
         return "beside " + ", ".join(test["concurrent"])
     if test.get("unconfirmed"):
@@ -416,6 +418,10 @@ def _row(t: Mapping[str, Any], rates: list[float]) -> str:
     elif t["state_setters"]:
         cause = '<span class="muted">passes after</span> ' + " ".join(
             f"<code>{_e(s)}</code>" for s in t["state_setters"]
+        )
+    elif t.get("collides_with"):
+        cause = '<span class="muted">collides with</span> ' + " ".join(
+            f"<code>{_e(c)}</code>" for c in t["collides_with"]
         )
     elif t.get("concurrent"):
         cause = '<span class="muted">beside</span> ' + " ".join(

@@ -30,6 +30,7 @@ class TestVerdict:
     message: str  # the first lines of a failure (or pytest's collection error)
     replay: str
     capture: dict[str, Any] | None = None  # capture-unsafe: harness.capture_sweep's fields
+    collides_with: list[str] = field(default_factory=list)  # parallel-unsafe, confirmed K times
 
 
 @dataclass(frozen=True)

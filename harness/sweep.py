@@ -81,6 +81,7 @@ SWEEP_FILES = (STATE_FILE, "raw", "replays", "records.jsonl", "tests.csv", "summ
                "report.md", "report.html")  # fmt: skip
 """What a sweep writes into --out: all that --force removes."""
 WORST_SHOWN = 10  # tests the console lists at the end
+MAX_BESIDE = 4  # concurrent tests a parallel-unsafe test is run beside, most overlapping first
 
 
 class _BudgetSpent(Exception):
@@ -642,6 +643,33 @@ class Sweep:
         common = set.intersection(*(set(others) for _, others in beside))
         with self._lock:
             ev.concurrent = sorted(common) or sorted({n for _, o in beside for n in o})
+        overlaps = Counter(n for _, others in beside for n in others)
+        candidates = sorted(ev.concurrent, key=lambda n: -overlaps[n])[:MAX_BESIDE]
+        partner = self._collision(nodeid, first.seed, candidates)
+        if partner is not None:
+            with self._lock:
+                ev.collides_with = [partner]
+
+    def _collision(self, nodeid: str, seed: int | None, candidates: list[str]) -> str | None:
+        """The candidate that, started in its own process together with `nodeid` alone,
+        makes it fail K times of K (one pair run screens a candidate); None if none does."""
+        for partner in candidates:
+            failed = 0
+            while failed < VERIFY_TIMES and self._budget_left():
+                if self._beside(nodeid, partner, seed) is not True:
+                    break
+                failed += 1
+            if failed == VERIFY_TIMES:
+                return partner
+        return None
+
+    def _beside(self, nodeid: str, partner: str, seed: int | None) -> bool | None:
+        """Did `nodeid` fail, run alone in one process while `partner` ran in another?"""
+        with concurrent.futures.ThreadPoolExecutor(1) as pair:
+            other = pair.submit(self._replay, [], partner, seed, "beside")
+            failed, _ = self._replay([], nodeid, seed, "beside")
+            other.result()
+        return failed
 
     def _record(self, record: SearchRecord) -> None:
         with self._lock:
@@ -795,6 +823,7 @@ class Sweep:
                 isolation_runs=ev.isolation_runs, isolation_failures=ev.isolation_failures,
                 polluters=ev.polluters, state_setters=ev.state_setters,
                 unconfirmed=ev.unconfirmed, concurrent=ev.concurrent,
+                collides_with=ev.collides_with,
                 signals=sorted(ev.signals), message=ev.message if verdict != "pass" else "",
                 replay=replay, capture=self.capture.test_fields(nodeid, replay) if unsafe else None,
             ))  # fmt: skip
@@ -899,9 +928,12 @@ def why(verdict: str, ev: Evidence, not_run: str = "") -> str:
         return (f"fails after {' + '.join(ev.polluters)} ({k} of {k}); failed {alone}; "
                 f"{ran}")  # fmt: skip
     if verdict == "parallel-unsafe":
-        return (f"{ran}, each beside other workers; failed {alone} and 0 of {k} in its "
+        text = (f"{ran}, each beside other workers; failed {alone} and 0 of {k} in its "
                 f"worker's sequence replayed; ran at the same time as {len(ev.concurrent)} "
                 f"test(s): {', '.join(ev.concurrent[:5])}")  # fmt: skip
+        if ev.collides_with:
+            return f"{text}; fails {k} of {k} run beside {ev.collides_with[0]} alone"
+        return f"{text}; none of them alone made it fail {k} of {k}"
     text = f"{ran}; failed {alone}"
     if verdict == "flaky" and ev.unconfirmed:
         text += f"; cause unconfirmed: {' + '.join(ev.unconfirmed)} did not reproduce {k} times"
@@ -914,6 +946,8 @@ def cause_of(test: TestVerdict) -> str:
         return "after " + " + ".join(test.polluters)
     if test.state_setters:
         return "passes after " + " + ".join(test.state_setters)
+    if test.collides_with:
+        return "collides with " + ", ".join(test.collides_with)
     if test.concurrent:
         return "beside " + ", ".join(test.concurrent[:3]) + (" ..." if len(test.concurrent) > 3
                                                               else "")  # fmt: skip
