@@ -118,5 +118,9 @@ def test_installed_cuda_core_captures_survive_a_neighbour(gpu):
 def test_a_neighbour_breaks_bare_cuda_core_captures(gpu):
     pytest.importorskip("cuda.core")
     suite = _suite_module()
-    with neighbour(gpu), pytest.raises(Exception, match=r"INVALIDATED|invalidated"):
+    # Whichever call notices first: the end of the invalidated capture, or cuda.core's
+    # graph memory resource refusing a stream that is no longer in an active capture
+    # (seen on the H200, 2026-12-01).
+    broken = r"INVALIDATED|invalidated|cannot perform memory operations on a non-capturing stream"
+    with neighbour(gpu), pytest.raises(Exception, match=broken):
         suite.test_three_captures()
