@@ -27,7 +27,8 @@ def test_a_trial_that_prints_no_result_is_an_error_row(monkeypatch, stdout: str)
         return subprocess.CompletedProcess(command, 0, stdout=stdout, stderr="")
 
     monkeypatch.setattr(hazard_matrix.subprocess, "run", fake_run)
-    cell = ("ctx_sync", CaptureMode.GLOBAL, StreamKind.NONBLOCKING, hazards.SAME_THREAD)
+    cell = ("ctx_sync", CaptureMode.GLOBAL, StreamKind.NONBLOCKING, hazards.SAME_THREAD,
+            hazards.SAME_DEVICE)  # fmt: skip
     row = hazard_matrix._in_fresh_process("sim")(cell)
     assert row["end_capture"] == "ERROR"
     assert row["call_result"].startswith("ERROR(trial printed no result")

@@ -315,3 +315,34 @@ def test_a_failure_the_budget_left_unrerun_is_unverified(tmp_path):
     test = by_id(summary_of(out))["test_x.py::test_always"]
     assert test["classification"] == "unverified" and test["isolation_runs"] == 0
     assert "budget" in test["why"]
+
+
+# -- problem 3: every process sees the ids collection saw --------------------------------
+
+
+def test_reruns_keep_the_rootdir_and_config_when_one_path_has_its_own_pytest_ini(tmp_path):
+    # Swept together, `a` and `b` share the project's rootdir; a rerun of a test of `a`
+    # alone would make pytest pick a/pytest.ini and a/ as rootdir (other ids) unless the
+    # sweep pins both to what collection found.
+    project = tmp_path / "project"
+    (project / "setup.cfg").parent.mkdir()
+    (project / "setup.cfg").write_text("[tool:pytest]\n")
+    make_suite(project / "a", test_state="""
+        STATE = []
+
+        def test_pollute():
+            STATE.append(1)
+
+        def test_victim():
+            assert not STATE
+    """)  # fmt: skip
+    (project / "b").mkdir()
+    (project / "b" / "test_other.py").write_text("def test_fine():\n    pass\n")
+    out = tmp_path / "o"
+    done = sweep(str(project / "a"), str(project / "b"), "--runs", "4", "--workers", "0",
+                 "--seed", "2", "--out", str(out), *FAST, cwd=tmp_path)  # fmt: skip
+    tests = by_id(summary_of(out))
+    assert set(tests) >= {"a/test_state.py::test_victim", "b/test_other.py::test_fine"}
+    victim = tests["a/test_state.py::test_victim"]
+    assert victim["classification"] == "order-dependent", (victim, done.stderr)
+    assert victim["polluters"] == ["a/test_state.py::test_pollute"]

@@ -216,7 +216,8 @@ RULES: tuple[Rule, ...] = (
     Rule("unverified",
          lambda e: (e.isolation_runs == 0 or e.budget_cut)
          and not (e.polluters or e.state_setters),
-         "failed, but --budget ran out before the reruns, search or verification it needed"),
+         "failed, but its reruns alone could not run, or --budget ran out before the reruns, "
+         "search or verification it needed"),
     Rule("brittle", lambda e: e.always_failed_alone and bool(e.state_setters),
          "fails alone every time; passes after its state-setter every time (K replays each)"),
     Rule("order-dependent", lambda e: not e.ever_failed_alone and bool(e.polluters),

@@ -24,11 +24,14 @@ PLUGIN = "capsafe_harness.collection"
 @dataclass(frozen=True)
 class Collected:
     """The suite as pytest sees it: test ids in collection order, errors by node id, and
-    the rootdir the ids are relative to."""
+    the rootdir the ids are relative to and the configuration file pytest chose ("" for
+    none): every later process is pinned to both, since a narrower list of paths could
+    make pytest choose others (a suite directory with its own pytest.ini)."""
 
     nodeids: tuple[str, ...]
     errors: dict[str, str]
     rootdir: str
+    inifile: str = ""
 
 
 _errors: dict[str, str] = {}
@@ -47,6 +50,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         "nodeids": [item.nodeid for item in session.items],
         "errors": _errors,
         "rootdir": str(session.config.rootpath),
+        "inifile": str(session.config.inipath or ""),
     }
     Path(path).write_text(json.dumps(found), encoding="utf-8")
 
@@ -57,4 +61,9 @@ def read_collected(path: Path) -> Collected | None:
         found = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return Collected(tuple(found["nodeids"]), dict(found["errors"]), str(found["rootdir"]))
+    return Collected(
+        tuple(found["nodeids"]),
+        dict(found["errors"]),
+        str(found["rootdir"]),
+        str(found.get("inifile", "")),
+    )

@@ -162,7 +162,7 @@ class MergedSweep(Sweep):
 
     def _load_collection(self) -> None:
         first = self.shards[0]
-        self.runner.rootdir = Path(first.collected.rootdir)
+        self.runner.pin(first.collected)
         for name in ("collected.json", "collect.log"):
             if (first.path / "raw" / name).is_file():
                 shutil.copy2(first.path / "raw" / name, self.raw / name)

@@ -145,6 +145,7 @@ class Runner:
         self.shared.mkdir(parents=True, exist_ok=True)
         self.cwd = run_directory(options.paths, options.invoked_from or Path.cwd())
         self.rootdir = self.cwd  # where node ids are relative to: set by `collect`
+        self.inifile = ""  # the configuration file collection found: set by `collect`
         self.stopping = threading.Event()
         self.on_tests = on_tests  # called with how many more tests finished, as they do
         self._lock = threading.Lock()
@@ -182,6 +183,9 @@ class Runner:
     ) -> list[str]:
         o = self.options
         cmd = [sys.executable, "-m", "pytest", *targets, "-p", "capsafe"]
+        cmd.append(f"--rootdir={self.rootdir}")  # the ids' root, whatever the targets
+        if self.inifile:
+            cmd.append(f"--config-file={self.inifile}")
         if records is not None:
             cmd += [f"--capsafe-records={records}", f"--capsafe-run-id={run_id}"]
         if replay_file is not None:
@@ -236,8 +240,13 @@ class Runner:
             detail = _last_line(log) or f"see {log}"
             raise SweepError(f"pytest could not collect the suite (exit {done.returncode}): "
                              f"{detail}")  # fmt: skip
-        self.rootdir = Path(collected.rootdir)
+        self.pin(collected)
         return collected
+
+    def pin(self, collected: Collected) -> None:
+        """Every later process uses the rootdir and configuration file collection found."""
+        self.rootdir = Path(collected.rootdir)
+        self.inifile = collected.inifile
 
     # -- processes ------------------------------------------------------------
     def run(self, label: str, cmd: list[str], *, exclusive: bool = False) -> ProcessResult:

@@ -919,6 +919,8 @@ def why(verdict: str, ev: Evidence, not_run: str = "") -> str:
         return "could not be collected"
     if verdict == "pass":
         return f"passed {ev.runs} of {ev.runs} suite runs"
+    if verdict == "unverified" and not (not_run or ev.budget_cut or ev.isolation_runs):
+        return f"{ran}; it could not be rerun alone (see the alone-*.log files in raw/)"
     if verdict == "unverified":
         return f"{ran}; failed {alone}; {not_run or BUDGET_CUT}"
     if verdict == "brittle":
