@@ -247,9 +247,9 @@ def test_a_parallel_only_failure_no_partner_reproduces_names_no_collision(tmp_pa
     suite = make_suite(
         tmp_path / "suite",
         test_x=(
-            "import os, time\n"
-            "def test_needs_no_xdist():\n    time.sleep(0.2)\n"
-            "    assert 'PYTEST_XDIST_WORKER' not in os.environ\n"
+            "import time\n"
+            "def test_needs_no_xdist(request):\n    time.sleep(0.2)\n"
+            "    assert not hasattr(request.config, 'workerinput')\n"  # an xdist worker's
             "def test_busy_a():\n    time.sleep(1.5)\n"
             "def test_busy_b():\n    time.sleep(1.5)\n"
             "def test_busy_c():\n    time.sleep(1.5)\n"
