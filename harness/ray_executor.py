@@ -74,7 +74,8 @@ class RayExecutor:
                 where = f"at {address}" if address else "locally"
                 raise SweepError(f"--executor ray: cannot start or reach Ray {where}: "
                                  f"{_first_line(exc)}") from None  # fmt: skip
-        if gpus and not ray.cluster_resources().get("GPU"):  # type: ignore[no-untyped-call]
+        cluster_resources: Any = ray.cluster_resources  # untyped in ray
+        if gpus and not cluster_resources().get("GPU"):
             raise SweepError("--gpus with --executor ray: the Ray cluster has no GPU resource")
         return cls(ray)
 
