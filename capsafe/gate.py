@@ -38,6 +38,7 @@ fast path: the timeout error reads the holders' live stacks instead.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import sys
@@ -714,7 +715,7 @@ class CaptureGate:
             return self._holders_locked()
 
     def _holders_locked(self) -> tuple[Holder, ...]:
-        frames = sys._current_frames()
+        frames = current_frames()
         owner_guard = self._guards[0] if self._guards else None
         out = []
         for rec in self._records:
@@ -873,6 +874,24 @@ def _short(path: str) -> str:
 
 _live_gates: weakref.WeakSet[CaptureGate] = weakref.WeakSet()
 _process_gate: CaptureGate | None = None
+_frames_lock = threading.Lock()  # two callers must not interleave pausing the collector
+
+
+def current_frames() -> dict[int, Any]:
+    """`sys._current_frames()` with the collector paused. On CPython before 3.12 it holds
+    the runtime's thread-list lock while it makes frame objects; a collection they
+    trigger can free a `threading.local`, whose finalizer takes that lock again, and the
+    process hangs (reproduced on 3.11.7: cases/test_gate_regressions.py)."""
+    with _frames_lock:
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return sys._current_frames()
+        finally:
+            if enabled:
+                gc.enable()
+
+
 _process_gate_lock = threading.Lock()
 
 

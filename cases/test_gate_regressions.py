@@ -7,6 +7,8 @@ call waits forever, a misused exit raises AttributeError, a wait never ends.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -259,3 +261,38 @@ def test_a_thread_that_exited_inside_a_section_does_not_block_captures() -> None
     g = CaptureGate()
     join(spawn(g.enter))  # leaks its section and ends
     g.begin_capture(timeout=2).release()
+
+
+LOCALS_IN_GARBAGE = """
+import gc, sys, threading, time
+from capsafe.gate import current_frames
+stop = threading.Event()
+def leaf():
+    time.sleep(0.0005)
+def busy():  # new frames all the time: _current_frames makes frame objects for them
+    while not stop.is_set():
+        leaf()
+threads = [threading.Thread(target=busy) for _ in range(4)]
+for t in threads:
+    t.start()
+gc.set_threshold(1, 1, 1)
+class Cycle:  # garbage holding a threading.local, as a dropped gate or allocator does
+    def __init__(self):
+        self.me = self
+        self.local = threading.local()
+        self.local.x = 1
+for _ in range(20000):
+    Cycle()
+    current_frames()  # what CaptureGate.holders() and its timeout messages call
+stop.set()
+print("done")
+"""
+
+
+def test_the_gates_stack_snapshot_never_hangs_when_a_collection_frees_a_thread_local():
+    # Seen in CI: a worker hung in begin_capture's timeout message, inside
+    # sys._current_frames(), collecting garbage. With sys._current_frames() in place of
+    # current_frames() this script hangs on CPython 3.11.7 (3 of 3 tries).
+    done = subprocess.run([sys.executable, "-c", LOCALS_IN_GARBAGE], capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert done.stdout.strip() == "done", done.stderr
