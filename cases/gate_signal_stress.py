@@ -43,6 +43,7 @@ def fire(signum: int, frame: object) -> None:
     raise Fired
 
 
+go = threading.Event()
 threads = [threading.Thread(target=f, daemon=True) for f in (capture_loop, allocator)]
 for t in threads:
     t.start()
@@ -51,6 +52,7 @@ if MODE == "alarm":
 else:  # real SIGINT from another thread: KeyboardInterrupt in the main thread
 
     def interrupter() -> None:
+        go.wait()  # no signal before the main thread is inside its try
         while not stop.is_set():
             time.sleep(random.uniform(0.0005, 0.003))
             os.kill(os.getpid(), signal.SIGINT)
@@ -60,6 +62,7 @@ interrupts = entered = 0
 deadline = time.monotonic() + SECONDS
 while time.monotonic() < deadline:
     try:
+        go.set()
         if MODE == "alarm":  # armed inside the try: it may fire at once
             signal.setitimer(signal.ITIMER_REAL, random.uniform(0.0001, 0.003))
         while time.monotonic() < deadline:

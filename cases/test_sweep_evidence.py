@@ -185,13 +185,14 @@ COLLIDING = """
     import time
 
     def _meet(what, me, other):
-        # Wait (3 s at most) for the other test when it runs in another process at the same
-        # time, so the collision does not hinge on when each process started. Each consumes
-        # the other's marker, and one nobody came for is taken back: none is left stale.
+        # Wait (6 s at most: on a loaded machine process starts differ by seconds) for the
+        # other test when it runs in another process at the same time, so the collision does
+        # not hinge on when each process started. Each consumes the other's marker, and one
+        # nobody came for is taken back: none is left stale.
         shared = os.environ["CAPSAFE_SWEEP_SHARED"]
         mine, theirs = (os.path.join(shared, f"{what}-{n}") for n in (me, other))
         open(mine, "w").close()
-        deadline = time.monotonic() + 3
+        deadline = time.monotonic() + 6
         while not os.path.exists(theirs):
             if time.monotonic() > deadline:
                 with contextlib.suppress(FileNotFoundError):
@@ -223,11 +224,12 @@ COLLIDING = """
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)  # each rerun alone waits 3 s for a partner that never comes
+@pytest.mark.timeout(300)  # each rerun alone waits 6 s for a partner that never comes
 def test_tests_that_collide_across_workers_are_parallel_unsafe_with_the_other_named(tmp_path):
     suite = make_suite(tmp_path / "suite", test_collide=COLLIDING)
     out = tmp_path / "o"
-    done = sweep(".", "--runs", "2", "--workers", "2", "--seed", "1", "--out", str(out), *FAST,
+    done = sweep(".", "--runs", "2", "--workers", "2", "--seed", "1", "--isolation-runs", "1",
+                 "--out", str(out), *FAST,
                  cwd=suite, timeout=280)  # fmt: skip
     assert done.returncode == 1, done.stderr
     tests = by_id(summary_of(out))
