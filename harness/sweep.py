@@ -574,7 +574,7 @@ class Sweep:
         polluter), and what ran before a target is kept: when the cause alone does not
         reproduce, the target's search starts from it."""
         targets = [n for n in tests if not self._explained(n)]
-        if len(targets) < 2 or not self._budget_left():
+        if not targets or len(tests) < 2 or not self._budget_left():  # the trial is the screen
             return [("trial", kind, *culprits, n) for n in targets]
         seed = self.seeds[0] if self.seeds else None
         sequence = [*culprits, *tests]
