@@ -150,6 +150,7 @@ class Runner:
         self.on_tests = on_tests  # called with how many more tests finished, as they do
         self._lock = threading.Lock()
         self._gate = _Gate()
+        self._groups: set[object] = set()  # tokens of `only()` blocks holding the gate
         self._gpu_of: dict[str, tuple[str, ...]] = {}  # run id -> the devices its command got
         self._single_processes = 0  # round-robin position of the next single process's GPU
 
@@ -249,7 +250,21 @@ class Runner:
         self.inifile = collected.inifile
 
     # -- processes ------------------------------------------------------------
-    def run(self, label: str, cmd: list[str], *, exclusive: bool = False) -> ProcessResult:
+    @contextlib.contextmanager
+    def only(self) -> Iterator[object]:
+        """Hold the gate for a group of processes started with `run(..., group=token)`
+        while no other process of the sweep runs (two tests started side by side)."""
+        token = object()
+        with self._gate.hold(True):
+            self._groups.add(token)
+            try:
+                yield token
+            finally:
+                self._groups.discard(token)
+
+    def run(
+        self, label: str, cmd: list[str], *, exclusive: bool = False, group: object = None
+    ) -> ProcessResult:
         """Run one pytest process to completion (or stall, or stop) and read its rows."""
         records = self.raw / label
         records.mkdir(parents=True, exist_ok=True)
@@ -260,7 +275,8 @@ class Runner:
             env[VISIBLE] = devices[0]
         launch = Launch(label, tuple(cmd), self.cwd, env, records, log,
                         self.options.stall_limit, devices)  # fmt: skip
-        with self._gate.hold(exclusive):
+        held = group is not None and group in self._groups
+        with contextlib.nullcontext() if held else self._gate.hold(exclusive):
             if self.stopping.is_set():
                 raise KeyboardInterrupt
             end = self.executor.execute(launch, self.on_tests, self.stopping)

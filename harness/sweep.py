@@ -664,10 +664,11 @@ class Sweep:
         return None
 
     def _beside(self, nodeid: str, partner: str, seed: int | None) -> bool | None:
-        """Did `nodeid` fail, run alone in one process while `partner` ran in another?"""
-        with concurrent.futures.ThreadPoolExecutor(1) as pair:
-            other = pair.submit(self._replay, [], partner, seed, "beside")
-            failed, _ = self._replay([], nodeid, seed, "beside")
+        """Did `nodeid` fail, run alone in one process while `partner` ran in another, and
+        no other process of the sweep ran?"""
+        with self.runner.only() as group, concurrent.futures.ThreadPoolExecutor(1) as pair:
+            other = pair.submit(self._replay, [], partner, seed, "beside", group=group)
+            failed, _ = self._replay([], nodeid, seed, "beside", group=group)
             other.result()
         return failed
 
@@ -712,13 +713,15 @@ class Sweep:
         extra: Sequence[str] = (),
         exclusive: bool = False,
         label: str = "",
+        group: object = None,
     ) -> tuple[bool | None, frozenset[str]]:
         """Run `before` then `target` in one fresh process (as `label`: default, the next of
-        `kind`). (target failed?, its signals); failed is None when the target did not run
-        at all (not collected, usage error)."""
+        `kind`; `group`: a `Runner.only()` token). (target failed?, its signals); failed is
+        None when the target did not run at all (not collected, usage error)."""
         found, returncode = self._replay_sequence(
-            [*before, target], seed, kind, extra=extra, exclusive=exclusive, label=label
-        )
+            [*before, target], seed, kind, extra=extra, exclusive=exclusive, label=label,
+            group=group,
+        )  # fmt: skip
         return target_outcome(found.get(target), returncode)
 
     def _replay_sequence(
@@ -730,6 +733,7 @@ class Sweep:
         extra: Sequence[str] = (),
         exclusive: bool = False,
         label: str = "",
+        group: object = None,
     ) -> tuple[dict[str, cl.Attempt], int]:
         """Run `sequence` in one fresh process: (each test's attempt by id, exit code)."""
         if self.runner.stopping.is_set():
@@ -743,7 +747,7 @@ class Sweep:
         )  # fmt: skip
         if self.bar.total is not None:
             self.bar.total += len(sequence)
-        result = self.runner.run(label, cmd, exclusive=exclusive)
+        result = self.runner.run(label, cmd, exclusive=exclusive, group=group)
         self._take(result)
         found = {a.nodeid: a for (run, _), a in cl.attempts(result.rows).items() if run == label}
         return found, result.returncode
