@@ -50,6 +50,9 @@ for t in threads:
 if MODE == "alarm":
     signal.signal(signal.SIGALRM, fire)
 else:  # real SIGINT from another thread: KeyboardInterrupt in the main thread
+    # A process started with SIGINT ignored (a background job, nohup) keeps it ignored
+    # and Python installs no handler: install Python's own, or no interrupt lands.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def interrupter() -> None:
         go.wait()  # no signal before the main thread is inside its try

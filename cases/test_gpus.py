@@ -19,6 +19,7 @@ import pytest
 from pinning_suite import seen, write_suite
 
 from capsafe_harness import gpus, placement
+from capsafe_harness.executor import SWEEP_SHARED_ENV, SWEEP_TMP_ENV
 from capsafe_harness.records import from_json, read_records, to_json
 
 FAST = ["-p", "no:run-parallel", "-p", "no:hypothesispytest", "-p", "no:cacheprovider"]
@@ -151,6 +152,8 @@ def _env() -> dict[str, str]:
     env = dict(os.environ)
     env.pop("CUDA_VISIBLE_DEVICES", None)
     env.pop("PYTEST_XDIST_WORKER", None)  # this test's own xdist worker id is not theirs
+    for name in (SWEEP_SHARED_ENV, SWEEP_TMP_ENV):  # a sweep of this suite sets them for it,
+        env.pop(name, None)  # not for the planted suite (its notes would go there)
     return env
 
 

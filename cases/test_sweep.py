@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -160,11 +161,14 @@ def test_suite_that_cannot_be_collected_is_a_usage_error(tmp_path):
 
 
 SLOW = """
+    import os
     import time
     import pytest
 
     @pytest.mark.parametrize("i", range(40))
     def test_slow(i):
+        with open(os.path.join(os.environ["CAPSAFE_SWEEP_SHARED"], f"pid-{os.getpid()}"), "w"):
+            pass
         time.sleep(0.5)
 """
 
@@ -175,7 +179,25 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def test_ctrl_c_writes_the_partial_report_and_exits_130(tmp_path):
+def _alive(pid: int) -> bool:
+    """Running (a zombie nobody has reaped yet is not)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    return "\nState:\tZ" not in status
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_stop_signal_writes_the_partial_report_and_exits_130(tmp_path, stop):
+    # SIGTERM (a cancelled CI job, `timeout`) once killed the sweep outright and left its
+    # test process running, orphaned, with no report.
     suite = make_suite(tmp_path / "suite", test_slow=SLOW)
     out = tmp_path / "out"
     proc = subprocess.Popen(
@@ -190,15 +212,18 @@ def test_ctrl_c_writes_the_partial_report_and_exits_130(tmp_path):
             assert time.monotonic() < deadline, "the first run never started"
             time.sleep(0.1)
         time.sleep(1.2)  # a couple of tests recorded
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(stop)
         _, stderr = proc.communicate(timeout=30)
     finally:
         proc.kill()
     assert proc.returncode == 130, stderr
     summary = summary_of(out)
-    assert any("interrupted" in note for note in summary["notes"])
+    how = "Ctrl-C" if stop == signal.SIGINT else "SIGTERM"
+    assert any(f"interrupted ({how})" in note for note in summary["notes"]), summary["notes"]
     assert 0 < len(summary["tests"]) < 40
     assert (out / "report.html").is_file()
+    pids = [int(p.name.split("-")[1]) for p in (out / "raw" / "shared").glob("pid-*")]
+    assert pids and not [pid for pid in pids if _alive(pid)]  # the test process died with it
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import merge, sweep, sweep_cli
+from . import merge, sweep, sweep_cli, termination
 
 EPILOG = """\
 exit codes:
@@ -15,7 +15,8 @@ exit codes:
   2    usage error: a DIR that is not a finished shard, shards of different sweeps
        (seed, runs, workers, paths, ... differ), a shard missing or given twice,
        an OUT that is not empty (without --force) or cannot be written
-  130  interrupted (Ctrl-C); the report of what ran is still written
+  130  interrupted (Ctrl-C, SIGTERM or SIGHUP); the test processes are stopped and
+       the report of what ran is still written
 
 example (a CI matrix of three jobs, then one merge job):
   capsafe sweep tests --seed 7 --runs 9 --shard 1/3 --out shard-1   # job 1 of 3
@@ -56,10 +57,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def main(args: argparse.Namespace) -> int:
     try:
         budget, baseline = sweep_cli.verdict_options(args)
-        result = merge.run_merge(
-            args.out, args.shards, no_run=args.no_run, force=args.force, budget=budget,
-            baseline=baseline, progress=not args.no_progress,
-        )  # fmt: skip
+        with termination.stop_signals_interrupt():
+            result = merge.run_merge(
+                args.out, args.shards, no_run=args.no_run, force=args.force, budget=budget,
+                baseline=baseline, progress=not args.no_progress,
+            )  # fmt: skip
     except sweep.SweepError as exc:
         print(f"capsafe merge: {exc}", file=sys.stderr)
         return sweep.EXIT_USAGE

@@ -15,7 +15,8 @@ Phases, each a method, each a set of pytest subprocesses (harness.runner):
    workers and passes when its worker's sequence is replayed is `parallel-unsafe`;
 4. classification (harness.classify) and reports (harness.report, harness.history).
 
-Ctrl-C and an exhausted --budget both stop new work and still write the report.
+Ctrl-C (or SIGTERM, SIGHUP: harness.termination) and an exhausted --budget both stop new
+work and still write the report.
 An --out holds one sweep: sweep.json names its options, the runs done, each process's
 exit and which alone rerun counts, so --resume can continue it. `Sweep.phases` lists
 the phases a sweep drives: a shard (--shard K/N, harness.shard) does its runs and its
@@ -42,7 +43,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from . import capture_sweep, gpu_report, history, order, phase_times, report, search, stats
+from . import (
+    capture_sweep,
+    gpu_report,
+    history,
+    order,
+    phase_times,
+    report,
+    search,
+    stats,
+    termination,
+)
 from . import classify as cl
 from .classify import Evidence
 from .collection import Collected
@@ -157,7 +168,8 @@ class Sweep:
         except KeyboardInterrupt:
             interrupted = True
             self.runner.kill_all()
-            self.notes.append("interrupted (Ctrl-C): the report covers what ran before it")
+            stopped_by = termination.how()
+            self.notes.append(f"interrupted ({stopped_by}): the report covers what ran before it")
         finally:
             self.bar.close()
         return self._finish(interrupted)

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
-from . import capture_sweep, classify, gpus, placement, sweep
+from . import capture_sweep, classify, gpus, placement, sweep, termination
 from .executor import EXECUTORS, make_executor
 from .ray_executor import NOT_INSTALLED
 from .shard import parse_shard
@@ -28,7 +28,8 @@ exit codes:
   1    some test is not pass (and not quarantined); a collection error counts
   2    usage error: bad option, missing path or plugin, unwritable --out or one
        holding a sweep, a suite that cannot run or of which nothing was collected
-  130  interrupted (Ctrl-C); the report of what ran is still written
+  130  interrupted (Ctrl-C, SIGTERM or SIGHUP); the test processes are stopped and
+       the report of what ran is still written
 
 classifications (the first whose evidence holds; causes verified {k} times each way):
 {classes}
@@ -181,7 +182,8 @@ def main(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     try:
-        result = sweep.run_sweep(options)
+        with termination.stop_signals_interrupt():
+            result = sweep.run_sweep(options)
     except sweep.SweepError as exc:
         return _usage(str(exc))
     except KeyboardInterrupt:  # a second Ctrl-C, while the partial report was being written
