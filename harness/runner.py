@@ -50,6 +50,7 @@ __all__ = [
     "Interrupted",
     "ProcessResult",
     "Runner",
+    "last_line",
     "run_directory",
     "suite_root",
 ]
@@ -238,7 +239,7 @@ class Runner:
             )  # fmt: skip
         collected = read_collected(found)
         if collected is None:
-            detail = _last_line(log) or f"see {log}"
+            detail = last_line(log) or f"see {log}"
             raise SweepError(f"pytest could not collect the suite (exit {done.returncode}): "
                              f"{detail}")  # fmt: skip
         self.pin(collected)
@@ -320,7 +321,8 @@ def _lost_replay_row(
     return []
 
 
-def _last_line(log: Path) -> str:
+def last_line(log: Path) -> str:
+    """A process log's last line (what pytest said last), '' when there is none."""
     try:
         lines = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()
     except OSError:

@@ -66,6 +66,7 @@ from .runner import (
     Interrupted,
     ProcessResult,
     Runner,
+    last_line,
     suite_root,
 )
 from .shard import stable_hash
@@ -312,7 +313,7 @@ class Sweep:
     def _check_ran(self, result: ProcessResult) -> None:
         if result.rows or result.stalled or result.returncode not in PYTEST_NO_RUN:
             return
-        detail = _last_line(result.log) or f"see {result.log}"
+        detail = last_line(result.log) or f"see {result.log}"
         raise SweepError(f"pytest could not run the suite (exit {result.returncode}): {detail}")
 
     def _take(self, result: ProcessResult) -> None:
@@ -1030,14 +1031,6 @@ def _cell(attempt: cl.Attempt) -> str:
 def _slug(nodeid: str) -> str:
     readable = re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_")[:80]
     return f"{readable}-{hashlib.sha1(nodeid.encode()).hexdigest()[:8]}"
-
-
-def _last_line(log: Path) -> str:
-    try:
-        lines = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()
-    except OSError:
-        return ""
-    return lines[-1].strip() if lines else ""
 
 
 def _outcome(
