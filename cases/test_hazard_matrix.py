@@ -15,7 +15,7 @@ from capsafe.handles import CaptureMode, StreamKind
 from capsafe_repro import hazard_matrix
 
 DATA = Path(__file__).resolve().parent.parent / "docs" / "data"
-MEASURED = sorted(DATA.glob("*.jsonl"))
+MEASURED = sorted(DATA.rglob("*.jsonl"))  # every H200 run, the dated folders' too
 
 
 def _measured_rows(path: Path) -> list[dict[str, str]]:
@@ -52,7 +52,7 @@ def test_sim_matrix_agrees_with_the_table(tmp_path: Path, capsys: pytest.Capture
         assert any(line.startswith(call + " ") for line in printed.splitlines())
 
 
-@pytest.mark.parametrize("path", MEASURED, ids=[p.name for p in MEASURED])
+@pytest.mark.parametrize("path", MEASURED, ids=[str(p.relative_to(DATA)) for p in MEASURED])
 def test_table_reproduces_every_measured_row(path: Path) -> None:
     rows = _measured_rows(path)
     assert rows, f"{path.name} is empty"
