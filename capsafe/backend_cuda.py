@@ -506,14 +506,17 @@ def nvrtc_compile(
         (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         err, size = nvrtc.nvrtcGetProgramLogSize(prog)
         _nvrtc_check(err, "nvrtcGetProgramLogSize")
-        log = b" " * size
+        # NVRTC writes into the buffers it is given: never hand it a bytes object. `b" " * 1`
+        # (an empty log is one NUL) is the interpreter's shared b" ", and writing it turned
+        # every b" " of the process into b"\0" (found by `capsafe sweep cases`).
+        log = bytearray(size)
         (err,) = nvrtc.nvrtcGetProgramLog(prog, log)
         log_text = log.rstrip(b"\0").decode(errors="replace").strip()
         if int(result) != 0:
             raise NvrtcCompileError(name, result.name, log_text)
         err, size = getattr(nvrtc, size_symbol)(prog)
         _nvrtc_check(err, size_symbol)
-        image = b" " * size
+        image = bytearray(size)
         (err,) = getattr(nvrtc, image_symbol)(prog, image)
         _nvrtc_check(err, image_symbol)
         return NvrtcOutput(image=bytes(image), log=log_text)

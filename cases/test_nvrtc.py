@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -185,6 +187,28 @@ def test_compile_errors_carry_nvrtc_log_and_cache_nothing(cache: KernelCache) ->
         )
     assert "undefined_thing" in info.value.log and "bad.cu" in str(info.value)
     assert cache.usage() == (0, 0)
+
+
+# The check runs in its own process: on the old code the compile corrupted the process it ran in.
+ONE_BYTE_OBJECTS_AFTER_A_COMPILE = """
+from capsafe import backend_cuda
+kernel = 'extern "C" __global__ void k(int *p) { *p = 1; }'
+out = backend_cuda.nvrtc_compile(kernel, "k.cu", ["--gpu-architecture=sm_90"], {}, "ptx")
+space = b"a "[1:]  # the interpreter's shared one-byte object for 0x20
+print(repr(out.log), space[0], repr(b" ".strip()))
+"""
+
+
+def test_a_compile_leaves_the_interpreters_shared_bytes_alone() -> None:
+    # NVRTC writes its log (one NUL when empty) into the buffer it is handed; handed
+    # b" " * 1, which is the interpreter's shared b" ", it made every b" " a b"\0" and
+    # a lexer that strips spaces stopped seeing `/* c */ #include` (found by sweeping cases/).
+    done = subprocess.run(
+        [sys.executable, "-c", ONE_BYTE_OBJECTS_AFTER_A_COMPILE],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["''", "32", "b''"]
 
 
 # -- loading ---------------------------------------------------------------------
