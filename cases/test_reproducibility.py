@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,10 @@ pytest_plugins = ["pytester"]
 def run_lean(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
     """Subprocess runs with only capsafe's plugin and xdist: no other plugin reseeds or splits."""
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
-    monkeypatch.setenv("PYTHONPATH", str(pytester.path))
+    # Prepended, not replaced: where capsafe is importable only through PYTHONPATH (a wheel
+    # unpacked into a directory, as on the GPU host), replacing it lost capsafe.
+    inherited = os.environ.get("PYTHONPATH")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(pytester.path), inherited])))
 
     def run(*args: str) -> pytest.RunResult:
         return pytester.runpytest_subprocess(
