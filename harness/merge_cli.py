@@ -15,8 +15,7 @@ exit codes:
   2    usage error: a DIR that is not a finished shard, shards of different sweeps
        (seed, runs, workers, paths, ... differ), a shard missing or given twice,
        an OUT that is not empty (without --force) or cannot be written
-  130  interrupted (Ctrl-C, SIGTERM or SIGHUP); the test processes are stopped and
-       the report of what ran is still written
+{interrupted}
 
 example (a CI matrix of three jobs, then one merge job):
   capsafe sweep tests --seed 7 --runs 9 --shard 1/3 --out shard-1   # job 1 of 3
@@ -35,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "the unsharded sweep with that seed would, and write one report into OUT "
             "(history.csv and `latest` beside it)."
         ),
-        epilog=EPILOG,
+        epilog=EPILOG.format(interrupted=termination.EXIT_CODE_HELP),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("out", type=Path, metavar="OUT", help="report directory of the merge")

@@ -28,8 +28,7 @@ exit codes:
   1    some test is not pass (and not quarantined); a collection error counts
   2    usage error: bad option, missing path or plugin, unwritable --out or one
        holding a sweep, a suite that cannot run or of which nothing was collected
-  130  interrupted (Ctrl-C, SIGTERM or SIGHUP); the test processes are stopped and
-       the report of what ran is still written
+{interrupted}
 
 classifications (the first whose evidence holds; causes verified {k} times each way):
 {classes}
@@ -42,7 +41,9 @@ example (nightly):
 
 def _epilog() -> str:
     classes = "\n".join(f"  {rule.name:<16} {rule.evidence}" for rule in classify.RULES)
-    return EPILOG.format(k=sweep.VERIFY_TIMES, classes=classes)
+    return EPILOG.format(
+        k=sweep.VERIFY_TIMES, classes=classes, interrupted=termination.EXIT_CODE_HELP
+    )
 
 
 class _SweepParser(argparse.ArgumentParser):

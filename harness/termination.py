@@ -17,6 +17,10 @@ from contextlib import contextmanager
 from types import FrameType
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+EXIT_CODE_HELP = (  # exit code 130 in the --help of `capsafe sweep` and `capsafe merge`
+    "  130  interrupted (Ctrl-C, SIGTERM or SIGHUP); the test processes are stopped and\n"
+    "       the report of what ran is still written"
+)
 _received: list[str] = []  # the stop signals that arrived in the current block
 
 
