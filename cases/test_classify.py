@@ -74,6 +74,8 @@ def full(nodeid, outcome="passed", **kw):
         (dict(runs=4, failures=2, isolation_runs=3, isolation_failures=1, concurrent=["x"]),
          "flaky"),
         (dict(collect_error="SyntaxError"), "error"),
+        # collected, but no process reached it (a stalled start-up, a crash before it): no claim
+        (dict(), "unverified"),
     ],
 )  # fmt: skip
 def test_classification_rules(evidence, expected):

@@ -221,6 +221,7 @@ def test_a_stop_signal_writes_the_partial_report_and_exits_130(tmp_path, stop):
     how = "Ctrl-C" if stop == signal.SIGINT else "SIGTERM"
     assert any(f"interrupted ({how})" in note for note in summary["notes"]), summary["notes"]
     assert 0 < len(summary["tests"]) < 40
+    assert any("had not run when the sweep stopped" in note for note in summary["notes"])
     assert (out / "report.html").is_file()
     pids = [int(p.name.split("-")[1]) for p in (out / "raw" / "shared").glob("pid-*")]
     assert pids and not [pid for pid in pids if _alive(pid)]  # the test process died with it
@@ -240,13 +241,81 @@ def test_a_process_that_stops_making_progress_is_killed_and_recorded(tmp_path):
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
             time.sleep(60)
     """)  # fmt: skip
+    # stall_s leaves room for a slow start-up (pytest under `-n 8` on two cores writes nothing
+    # for seconds): a kill before test_stuck started is the next test's case, not this one.
     options = SweepOptions(paths=(suite,), out=tmp_path / "out", seed=1, runs=1, workers=0,
-                           timeout=1, isolation_runs=1, stall_s=2, progress=False,
+                           timeout=1, isolation_runs=1, stall_s=8, progress=False,
                            pytest_args=FAST[1:])  # fmt: skip
     summary = run_sweep(options).summary.to_dict()
     stuck = by_id(summary)["test_stuck.py::test_stuck"]
     assert stuck["classification"] == "fail" and "timeout" in stuck["signals"]
-    assert any("no progress" in note for note in summary["notes"])
+    assert any("killed in test_stuck.py::test_stuck" in note for note in summary["notes"])
+
+
+@pytest.mark.slow
+def test_a_process_killed_before_any_test_is_never_green(tmp_path):
+    # The run hangs after collection, before its first test: pytest itself would never finish.
+    # The sweep used to report "all 0 tests pass" and exit 0.
+    suite = make_suite(tmp_path / "suite", test_a=PASSING, conftest="""
+        import signal
+        import time
+
+        def pytest_runtestloop(session):
+            if not session.config.option.collectonly:
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+                time.sleep(60)
+    """)  # fmt: skip
+    options = SweepOptions(paths=(suite,), out=tmp_path / "out", seed=1, runs=1, workers=0,
+                           timeout=1, isolation_runs=1, stall_s=1, progress=False,
+                           pytest_args=FAST[1:])  # fmt: skip
+    result = run_sweep(options)
+    assert result.exit_code == 1 and "5 not passing (5 unverified)" in result.reason
+    summary = result.summary.to_dict()
+    assert {t["classification"] for t in summary["tests"]} == {"unverified"}
+    assert all(t["why"].startswith("never ran") and t["detection_chance"] is None
+               for t in summary["tests"])  # fmt: skip
+    assert any("killed outside any test" in note for note in summary["notes"])
+
+
+SESSION_HOOK = """
+    import time
+
+    def pytest_sessionfinish(session):
+        if not session.config.option.collectonly:
+            {action}
+"""
+
+
+def test_a_run_pytest_fails_with_every_test_passing_is_not_green(tmp_path):
+    # A raising session hook: pytest exits 1, and the sweep once said "all 5 tests pass", 0.
+    suite = make_suite(
+        tmp_path / "suite",
+        test_a=PASSING,
+        conftest=SESSION_HOOK.format(action='raise RuntimeError("boom")'),
+    )
+    out = tmp_path / "out"
+    done = sweep(str(suite), "--runs", "2", "--workers", "0", "--out", str(out), *FAST,
+                 cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    last = done.stderr.splitlines()[-1]
+    assert "all 5 tests pass, but pytest failed 2 of 2 suite runs" in last
+    assert "RuntimeError: boom" in last
+    summary = summary_of(out)
+    assert [e["run_id"] for e in summary["suite_errors"]] == ["run-1", "run-2"]
+    assert "but pytest failed 2 of 2" in (out / "report.md").read_text()
+    assert "but pytest failed 2 of 2" in (out / "report.html").read_text()
+
+
+@pytest.mark.slow
+def test_a_run_that_hangs_after_its_last_test_is_not_green(tmp_path):
+    suite = make_suite(tmp_path / "suite", test_a=PASSING,
+                       conftest=SESSION_HOOK.format(action="time.sleep(60)"))  # fmt: skip
+    options = SweepOptions(paths=(suite,), out=tmp_path / "out", seed=1, runs=1, workers=0,
+                           timeout=1, isolation_runs=1, stall_s=8, progress=False,
+                           pytest_args=FAST[1:])  # fmt: skip
+    result = run_sweep(options)
+    assert result.exit_code == 1 and "all 5 tests pass, but pytest failed 1 of 1" in result.reason
+    assert "no progress for 8s" in result.reason
 
 
 def test_suite_root_is_the_common_parent(tmp_path):

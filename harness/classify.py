@@ -188,6 +188,10 @@ class Evidence:
     message: str = ""
 
     @property
+    def ran(self) -> bool:
+        return self.runs > 0 or self.isolation_runs > 0
+
+    @property
     def ever_failed_alone(self) -> bool:
         return self.isolation_failures > 0
 
@@ -208,16 +212,17 @@ class Rule:
 RULES: tuple[Rule, ...] = (
     Rule("error", lambda e: e.collect_error is not None,
          "pytest could not collect it (import or syntax error): no test of it ran"),
-    Rule("pass", lambda e: e.failures == 0 and e.isolation_failures == 0 and not e.polluters,
-         "never failed, in the suite or alone"),
+    Rule("pass", lambda e: e.ran and e.failures == 0 and e.isolation_failures == 0
+         and not e.polluters,
+         "ran, and never failed, in the suite or alone"),
     Rule("capture-unsafe", lambda e: e.capture_unsafe,
          "failed with a capture error in runs with neighbour threads, passed in every run "
          "without them (needs --neighbors); never sent to a cause search"),
     Rule("unverified",
          lambda e: (e.isolation_runs == 0 or e.budget_cut)
          and not (e.polluters or e.state_setters),
-         "failed, but its reruns alone could not run, or --budget ran out before the reruns, "
-         "search or verification it needed"),
+         "never ran (no suite run reached it), or failed, but its reruns alone could not "
+         "run, or --budget ran out before the reruns, search or verification it needed"),
     Rule("brittle", lambda e: e.always_failed_alone and bool(e.state_setters),
          "fails alone every time; passes after its state-setter every time (K replays each)"),
     Rule("order-dependent", lambda e: not e.ever_failed_alone and bool(e.polluters),

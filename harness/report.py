@@ -152,7 +152,7 @@ def render_markdown(
     lines = [
         "# capsafe sweep",
         "",
-        f"{_verdict(len(tests), len(bad))}",
+        f"{_verdict(summary, len(tests), len(bad))}",
         "",
         "| " + " | ".join(CLASSES) + " |",
         "|" + "---|" * len(CLASSES),
@@ -169,7 +169,8 @@ def render_markdown(
     ]
     if summary.get("shard"):
         lines += [f"> **{shard_line(summary['shard'])}**", ""]
-    lines += [f"> **Note:** {note}" for note in summary.get("notes", [])]
+    for note in summary.get("notes", []):  # a blank line apart: one quote block each
+        lines += [f"> **Note:** {note}", ""]
     lines += gpu_report.markdown(summary.get("gpu"))
     lines += placement.markdown(summary.get("placement"))
     if bad:
@@ -288,12 +289,24 @@ def shard_line(shard: str) -> str:
     )
 
 
-def _verdict(total: int, bad: int) -> str:
+def _verdict(summary: Mapping[str, Any], total: int, bad: int) -> str:
+    suite = suite_errors_text(summary.get("suite_errors", []), summary["runs"])
     if total == 0:
         return "No tests ran."
+    if bad == 0 and suite:
+        return f"All {total} tests pass, but {suite}."
     if bad == 0:
         return f"All {total} tests pass."
-    return f"{bad} of {total} tests need attention."
+    return f"{bad} of {total} tests need attention." + (f" Also, {suite}." if suite else "")
+
+
+def suite_errors_text(errors: Sequence[Mapping[str, Any]], runs: int) -> str:
+    """ "pytest failed 2 of 3 suite runs with no test failing (exit 1: RuntimeError: ...)"."""
+    if not errors:
+        return ""
+    first = errors[0]
+    return (f"pytest failed {len(errors)} of {runs} suite runs with no test failing "
+            f"(exit {first['returncode']}: {first['message']})")  # fmt: skip
 
 
 def _pct(value: float) -> str:
@@ -338,7 +351,7 @@ def _header(
     history: Sequence[Mapping[str, str]],
 ) -> str:
     total = len(tests)
-    tone = "ok" if bad == 0 else "bad"
+    tone = "ok" if bad == 0 and not summary.get("suite_errors") else "bad"
     cards = "".join(
         f'<div class="card" style="--c:{COLOURS[c]}"><div class="n">{summary["counts"].get(c, 0)}'
         f'</div><div class="k">{c}</div><div class="d">{DESCRIPTIONS[c]}</div></div>'
@@ -360,7 +373,7 @@ def _header(
     )
     return (
         f'<header><h1>capsafe sweep</h1><div class="meta">{meta}</div>'
-        f'<div class="verdict {tone}">{_e(_verdict(total, bad))}{trend}</div>'
+        f'<div class="verdict {tone}">{_e(_verdict(summary, total, bad))}{trend}</div>'
         f'<div class="cards">{cards}</div>{outcome_line}</header>'
     )
 

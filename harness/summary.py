@@ -66,6 +66,8 @@ class Summary:
     phase_times: dict[str, Any] = field(default_factory=dict)  # harness.phase_times
     gpu: dict[str, Any] = field(default_factory=dict)  # harness.gpu_report
     shard: str = ""  # "K/N" for a shard's partial view (harness.shard); "" otherwise
+    # suite runs pytest failed with every test passing: run_id, returncode, message, log
+    suite_errors: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

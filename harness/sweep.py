@@ -89,6 +89,7 @@ SHUFFLES = ("global", "module")  # run k uses SHUFFLES[(k - 1) % 2]
 STATE_FILE = "sweep.json"
 BUDGET_CUT = "--budget ran out before its verdict was verified"
 SHARD_VIEW = "a shard's partial view: its reruns and searches are left to `capsafe merge`"
+NEVER_RAN = "never ran: no suite run reached it (the notes say why each run ended early)"
 SWEEP_FILES = (STATE_FILE, "raw", "replays", "records.jsonl", "tests.csv", "summary.json",
                "report.md", "report.html")  # fmt: skip
 """What a sweep writes into --out: all that --force removes."""
@@ -147,6 +148,7 @@ class Sweep:
         self.capture = capture_sweep.CapturePhases(options.neighbors)
         self.clock = phase_times.SweepClock()
         self.neighbors_problem = ""  # why neighbour threads could not start (exit 2)
+        self.suite_errors: list[dict[str, Any]] = []  # runs pytest failed with no test failing
         self._labels = 0
         self._lock = threading.RLock()
         self.runs_done: set[int] = set()
@@ -239,7 +241,7 @@ class Sweep:
             try:
                 result = self.runner.run(run_id, cmd)
             except Interrupted as stop:
-                self._add_run(run_id, seed, shuffle, stop.result)
+                self._add_run(run_id, seed, shuffle, stop.result, finished=False)
                 raise
             self._check_ran(result)
             capture_sweep.check_started(self.raw / run_id)
@@ -294,12 +296,16 @@ class Sweep:
             }
         (self.options.out / STATE_FILE).write_text(json.dumps(state, indent=1), encoding="utf-8")
 
-    def _add_run(self, run_id: str, seed: int, shuffle: str, result: ProcessResult) -> None:
+    def _add_run(
+        self, run_id: str, seed: int, shuffle: str, result: ProcessResult, *, finished: bool = True
+    ) -> None:
         self.run_ids.append(run_id)
         self.seeds.append(seed)
         self.shuffles.append(shuffle)
         self._take(result)
         found = cl.attempts(result.rows)
+        if finished:
+            self._check_suite_exit(result, found.values())
         self.run_attempts.update(found)
         for attempt in found.values():
             self.capture.saw(attempt, neighbors=bool(self.options.neighbors))
@@ -309,6 +315,21 @@ class Sweep:
             ev.signals |= attempt.signals
             if attempt.failed and not ev.message:
                 ev.message = attempt.message
+
+    def _check_suite_exit(self, result: ProcessResult, found: Iterable[cl.Attempt]) -> None:
+        """A suite run pytest calls failed while every test in it passed (a raising session
+        hook, a hang after the last test, `--cov-fail-under`): no test's verdict says so,
+        so the sweep's does (pytest's exit code is never greener than the sweep's)."""
+        if result.returncode == 0 or any(a.failed for a in found):
+            return
+        if any(ev.collect_error for ev in self.evidence.values()):
+            return  # pytest's exit 1 is the collection errors', already each an `error`
+        message = (self._stall_note(result).split(": ", 1)[1] if result.stalled
+                   else last_line(result.log) or f"see {result.log}")  # fmt: skip
+        self.suite_errors.append({"run_id": result.label, "returncode": result.returncode,
+                                  "message": message, "log": str(result.log)})  # fmt: skip
+        self.notes.append(f"{result.label}: pytest exited {result.returncode} with no test "
+                          f"failing: {message} (see {result.log})")  # fmt: skip
 
     def _check_ran(self, result: ProcessResult) -> None:
         if result.rows or result.stalled or result.returncode not in PYTEST_NO_RUN:
@@ -327,10 +348,16 @@ class Sweep:
                     f"in {self.raw / result.label}"
                 )
             if result.stalled:
-                self.notes.append(
-                    f"{result.label}: no progress for {self.options.stall_limit:g}s; the process "
-                    "was killed and the test it was in recorded as timed out"
-                )
+                self.notes.append(self._stall_note(result))
+
+    def _stall_note(self, result: ProcessResult) -> str:
+        limit = self.options.stall_limit
+        cut = cl.STALLED_MESSAGE.format(seconds=limit)
+        inside = sorted({r["nodeid"] for r in result.rows if r.get("message") == cut})
+        where = (f"in {', '.join(inside)}, recorded as timed out" if inside else
+                 "outside any test (in start-up, collection, between tests or after the "
+                 "last one)")  # fmt: skip
+        return f"{result.label}: no progress for {limit:g}s; the process was killed {where}"
 
     # -- phase 2: isolation ---------------------------------------------------
     def _isolation(self) -> None:
@@ -811,13 +838,23 @@ class Sweep:
         self._skip_for_budget(desc, skipped)
 
     # -- phase 4: verdicts and reports ----------------------------------------
-    def verdicts(self) -> list[TestVerdict]:
+    def verdicts(self, *, stopped: bool = False) -> list[TestVerdict]:
+        """One verdict per test. A collected test no process reached gets one too ("never
+        ran"), unless the sweep was `stopped` short: then a note counts them instead."""
         replays_dir = self.options.out / "replays"
         tests = []
         runs = len(self.run_ids)
         if self.no_searches:  # a shard, or `merge --no-run`: what needs a search is unverified
             for job in self._search_jobs():
                 self._ev(job[-1]).budget_cut = True
+        unreached = [n for n in self.collected if not (n in self.evidence and self.evidence[n].ran)]
+        if stopped and unreached:
+            self.notes.append(f"{len(unreached)} of {len(self.collected)} collected tests had "
+                              "not run when the sweep stopped")  # fmt: skip
+        elif not stopped:
+            for nodeid in unreached:
+                self._ev(nodeid)
+            self._note_unmatched_ids()
         for nodeid in sorted(self.evidence):
             ev = self.evidence[nodeid]
             ev.capture_unsafe = self.capture.capture_unsafe(nodeid)
@@ -830,7 +867,8 @@ class Sweep:
                 replay = self.runner.replay_command(replay_file.resolve(), sequence)
             low, high = stats.wilson_interval(ev.failures, ev.runs)
             rate = stats.flake_rate(ev.failures, ev.runs)
-            chance = None if verdict == "pass" else round(1 - (1 - rate) ** runs, 6)
+            seen = verdict != "pass" and ev.ran
+            chance = round(1 - (1 - rate) ** runs, 6) if seen else None
             unsafe = verdict == "capture-unsafe"
             tests.append(TestVerdict(
                 nodeid=nodeid, classification=verdict,
@@ -846,10 +884,25 @@ class Sweep:
             ))  # fmt: skip
         return tests
 
+    def _note_unmatched_ids(self) -> None:
+        """Say so when collected tests never ran while uncollected ones did: the suite's
+        node ids differ from process to process, and "never ran" may be only that."""
+        ran = {nodeid for nodeid, ev in self.evidence.items() if ev.ran}
+        never = [n for n in self.collected if n not in ran]
+        strangers = ran - set(self.collected)
+        if not (never and strangers):
+            return
+        note = (f"{len(never)} collected test(s) never ran while {len(strangers)} test(s) "
+                f"ran that collection did not list (e.g. {min(strangers)}): the suite's node "
+                "ids differ between processes (parametrize ids made from random or "
+                "time-dependent values?)")  # fmt: skip
+        if note not in self.notes:
+            self.notes.append(note)
+
     def _finish(self, interrupted: bool) -> SweepResult:
         o = self.options
         out = o.out
-        tests = self.verdicts()
+        tests = self.verdicts(stopped=interrupted or bool(self.neighbors_problem))
         summary = Summary(
             runs=len(self.run_ids), workers=o.workers, seeds=self.seeds,
             shuffles=self.shuffles, backend=requested_backend(),
@@ -858,7 +911,7 @@ class Sweep:
             searches=self.searches, notes=self.notes, ddmin_cap=search.DDMIN_CAP,
             verify_times=VERIFY_TIMES,
             phase_times=phase_times.summary_times(self.clock, self.raw, self.rows),
-            shard="" if o.shard is None else str(o.shard),
+            shard="" if o.shard is None else str(o.shard), suite_errors=self.suite_errors,
         )  # fmt: skip
         summary.gpu = gpu_report.gpu_section(
             [t.__dict__ for t in tests], self.rows, capture_sweep.neighbor_summary(self.raw)
@@ -936,6 +989,8 @@ def why(verdict: str, ev: Evidence, not_run: str = "") -> str:
         return "could not be collected"
     if verdict == "pass":
         return f"passed {ev.runs} of {ev.runs} suite runs"
+    if not ev.ran:
+        return NEVER_RAN
     if verdict == "unverified" and not (not_run or ev.budget_cut or ev.isolation_runs):
         return f"{ran}; it could not be rerun alone (see the alone-*.log files in raw/)"
     if verdict == "unverified":
@@ -1046,12 +1101,18 @@ def _outcome(
         return SweepResult(summary, EXIT_USAGE,
                            f"no test could be collected ({len(bad)} collection error(s)); "
                            f"{where}")  # fmt: skip
+    suite = report.suite_errors_text(summary.suite_errors, summary.runs)
     if found:
         by_class = Counter(t.classification for t in found)
         kinds = ", ".join(f"{by_class[c]} {c}" for c in cl.CLASSES if by_class[c])
-        return SweepResult(summary, EXIT_FOUND, f"{len(found)} not passing ({kinds}); {where}")
+        also = f"; {suite}" if suite else ""
+        return SweepResult(summary, EXIT_FOUND,
+                           f"{len(found)} not passing ({kinds}){also}; {where}")  # fmt: skip
     extra = f" ({quarantined} quarantined by the baseline)" if quarantined else ""
-    return SweepResult(summary, EXIT_OK, f"all {len(summary.tests)} tests pass{extra}; {where}")
+    passing = f"all {len(summary.tests)} tests pass{extra}"
+    if suite:
+        return SweepResult(summary, EXIT_FOUND, f"{passing}, but {suite}; {where}")
+    return SweepResult(summary, EXIT_OK, f"{passing}; {where}")
 
 
 def read_baseline(path: str | os.PathLike[str]) -> frozenset[str]:

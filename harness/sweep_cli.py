@@ -25,7 +25,9 @@ from .shard import parse_shard
 EPILOG = """\
 exit codes:
   0    every test is pass, or listed in the --baseline quarantine file
-  1    some test is not pass (and not quarantined); a collection error counts
+  1    some test is not pass (and not quarantined); a collection error counts, and
+       so does a suite run pytest failed with every test passing (a raising
+       session hook, a hang after the last test, --cov-fail-under)
   2    usage error: bad option, missing path or plugin, unwritable --out or one
        holding a sweep, a suite that cannot run or of which nothing was collected
 {interrupted}
