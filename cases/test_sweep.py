@@ -318,6 +318,14 @@ def test_a_run_that_hangs_after_its_last_test_is_not_green(tmp_path):
     assert "no progress for 8s" in result.reason
 
 
+def test_a_run_capsafe_did_not_record_is_a_usage_error(tmp_path):
+    suite = make_suite(tmp_path / "suite", test_a=PASSING)
+    done = sweep(str(suite), "--runs", "1", "--workers", "0", "--out", str(tmp_path / "o"),
+                 *FAST, "-p", "no:capsafe", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "recorded no test: is it disabled (-p no:capsafe" in done.stderr.splitlines()[-1]
+
+
 def test_suite_root_is_the_common_parent(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "t.py").write_text("")

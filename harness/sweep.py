@@ -89,7 +89,10 @@ SHUFFLES = ("global", "module")  # run k uses SHUFFLES[(k - 1) % 2]
 STATE_FILE = "sweep.json"
 BUDGET_CUT = "--budget ran out before its verdict was verified"
 SHARD_VIEW = "a shard's partial view: its reruns and searches are left to `capsafe merge`"
-NEVER_RAN = "never ran: no suite run reached it (the notes say why each run ended early)"
+NEVER_RAN = (
+    "never ran: every suite run ended before reaching it (a crash, kill or hang earlier "
+    "in the run: see the notes and raw/run-*.log)"
+)
 SWEEP_FILES = (STATE_FILE, "raw", "replays", "records.jsonl", "tests.csv", "summary.json",
                "report.md", "report.html")  # fmt: skip
 """What a sweep writes into --out: all that --force removes."""
@@ -332,9 +335,15 @@ class Sweep:
                           f"failing: {message} (see {result.log})")  # fmt: skip
 
     def _check_ran(self, result: ProcessResult) -> None:
-        if result.rows or result.stalled or result.returncode not in PYTEST_NO_RUN:
+        if result.rows or result.stalled:
             return
         detail = last_line(result.log) or f"see {result.log}"
+        if result.returncode == 0:  # pytest ran tests, and capsafe's plugin saw none of them
+            raise SweepError(f"pytest ran the suite (exit 0: {detail}) but capsafe's plugin "
+                             "recorded no test: is it disabled (-p no:capsafe in the arguments "
+                             "or in addopts)?")  # fmt: skip
+        if result.returncode not in PYTEST_NO_RUN:
+            return
         raise SweepError(f"pytest could not run the suite (exit {result.returncode}): {detail}")
 
     def _take(self, result: ProcessResult) -> None:
