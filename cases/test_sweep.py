@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from capsafe_harness.runner import last_line
 from capsafe_harness.sweep import SweepOptions, run_seeds, run_sweep, suite_root
 
 FAST = ("--", "-p", "no:run-parallel", "-p", "no:hypothesispytest")  # lighter test processes
@@ -304,6 +305,29 @@ def test_a_run_pytest_fails_with_every_test_passing_is_not_green(tmp_path):
     assert [e["run_id"] for e in summary["suite_errors"]] == ["run-1", "run-2"]
     assert "but pytest failed 2 of 2" in (out / "report.md").read_text()
     assert "but pytest failed 2 of 2" in (out / "report.html").read_text()
+
+
+# The end of a real pytest-cov 7 run (addopts `--cov=mod --cov-fail-under=90`; pytest exit 1).
+COV_FAIL_LOG = """\
+TOTAL        4      1    75%
+FAIL Required test coverage of 90% not reached. Total coverage: 75.00%
+1 passed in 1.10s
+"""
+
+
+@pytest.mark.parametrize(
+    ("log", "said"),
+    [
+        (COV_FAIL_LOG, "FAIL Required test coverage of 90% not reached. Total coverage: 75.00%"),
+        ("RuntimeError: boom\n===== 2 passed, 1 warning in 0.31s =====\n", "RuntimeError: boom"),
+        ("E   ImportError: x\nno tests ran in 0.01s\n", "E   ImportError: x"),
+    ],
+)
+def test_a_suite_errors_message_is_what_pytest_said_before_its_counts(tmp_path, log, said):
+    path = tmp_path / "run-1.log"
+    path.write_text(log)
+    assert last_line(path, past_counts=True) == said
+    assert last_line(path) == log.strip().splitlines()[-1]
 
 
 @pytest.mark.slow

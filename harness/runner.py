@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -55,6 +56,8 @@ __all__ = [
     "suite_root",
 ]
 
+PYTEST_COUNTS = re.compile(r"^=*\s*(\d+ \w+(, )?)+ in [\d.]+s\b|^=*\s*no tests ran in")
+"""pytest's closing line: "5 passed, 1 skipped in 0.80s", with or without its ====."""
 PYTEST_NO_RUN = (2, 3, 4, 5)  # interrupted, internal error, usage error, no tests collected
 
 
@@ -321,10 +324,14 @@ def _lost_replay_row(
     return []
 
 
-def last_line(log: Path) -> str:
-    """A process log's last line (what pytest said last), '' when there is none."""
+def last_line(log: Path, *, past_counts: bool = False) -> str:
+    """A process log's last line (what pytest said last), '' when there is none;
+    `past_counts`: the last line before pytest's closing counts ("5 passed in 0.8s"),
+    which is where a session hook's error or a plugin's verdict stands."""
     try:
         lines = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()
     except OSError:
         return ""
+    if past_counts:
+        lines = [line for line in lines if line.strip() and not PYTEST_COUNTS.match(line)]
     return lines[-1].strip() if lines else ""

@@ -328,7 +328,7 @@ class Sweep:
         if any(ev.collect_error for ev in self.evidence.values()):
             return  # pytest's exit 1 is the collection errors', already each an `error`
         message = (self._stall_note(result).split(": ", 1)[1] if result.stalled
-                   else last_line(result.log) or f"see {result.log}")  # fmt: skip
+                   else last_line(result.log, past_counts=True) or f"see {result.log}")  # fmt: skip
         self.suite_errors.append({"run_id": result.label, "returncode": result.returncode,
                                   "message": message, "log": str(result.log)})  # fmt: skip
         self.notes.append(f"{result.label}: pytest exited {result.returncode} with no test "
