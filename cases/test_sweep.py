@@ -342,6 +342,24 @@ def test_a_run_that_hangs_after_its_last_test_is_not_green(tmp_path):
     assert "no progress for 8s" in result.reason
 
 
+def test_node_ids_that_change_between_processes_are_named_as_the_reason(tmp_path):
+    # An id made from the clock: collection lists one test, the run runs another.
+    suite = make_suite(tmp_path / "suite", test_t="""
+        import time
+
+        import pytest
+
+        @pytest.mark.parametrize("stamp", [time.time_ns()])
+        def test_t(stamp):
+            pass
+    """)  # fmt: skip
+    options = SweepOptions(paths=(suite,), out=tmp_path / "out", seed=1, runs=1, workers=0,
+                           isolation_runs=1, progress=False, pytest_args=FAST[1:])  # fmt: skip
+    summary = run_sweep(options).summary.to_dict()
+    assert sorted(t["classification"] for t in summary["tests"]) == ["pass", "unverified"]
+    assert any("node ids differ between processes" in note for note in summary["notes"])
+
+
 def test_a_run_capsafe_did_not_record_is_a_usage_error(tmp_path):
     suite = make_suite(tmp_path / "suite", test_a=PASSING)
     done = sweep(str(suite), "--runs", "1", "--workers", "0", "--out", str(tmp_path / "o"),

@@ -327,7 +327,7 @@ class Sweep:
             return
         if any(ev.collect_error for ev in self.evidence.values()):
             return  # pytest's exit 1 is the collection errors', already each an `error`
-        message = (self._stall_note(result).split(": ", 1)[1] if result.stalled
+        message = (self._stall_text(result) if result.stalled
                    else last_line(result.log, past_counts=True) or f"see {result.log}")  # fmt: skip
         self.suite_errors.append({"run_id": result.label, "returncode": result.returncode,
                                   "message": message, "log": str(result.log)})  # fmt: skip
@@ -357,16 +357,16 @@ class Sweep:
                     f"in {self.raw / result.label}"
                 )
             if result.stalled:
-                self.notes.append(self._stall_note(result))
+                self.notes.append(f"{result.label}: {self._stall_text(result)}")
 
-    def _stall_note(self, result: ProcessResult) -> str:
+    def _stall_text(self, result: ProcessResult) -> str:
         limit = self.options.stall_limit
         cut = cl.STALLED_MESSAGE.format(seconds=limit)
         inside = sorted({r["nodeid"] for r in result.rows if r.get("message") == cut})
         where = (f"in {', '.join(inside)}, recorded as timed out" if inside else
                  "outside any test (in start-up, collection, between tests or after the "
                  "last one)")  # fmt: skip
-        return f"{result.label}: no progress for {limit:g}s; the process was killed {where}"
+        return f"no progress for {limit:g}s; the process was killed {where}"
 
     # -- phase 2: isolation ---------------------------------------------------
     def _isolation(self) -> None:
@@ -856,14 +856,15 @@ class Sweep:
         if self.no_searches:  # a shard, or `merge --no-run`: what needs a search is unverified
             for job in self._search_jobs():
                 self._ev(job[-1]).budget_cut = True
-        unreached = [n for n in self.collected if not (n in self.evidence and self.evidence[n].ran)]
+        ran = {nodeid for nodeid, ev in self.evidence.items() if ev.ran}
+        unreached = [n for n in self.collected if n not in ran]
         if stopped and unreached:
             self.notes.append(f"{len(unreached)} of {len(self.collected)} collected tests had "
                               "not run when the sweep stopped")  # fmt: skip
-        elif not stopped:
+        elif unreached:
             for nodeid in unreached:
                 self._ev(nodeid)
-            self._note_unmatched_ids()
+            self._note_unmatched_ids(unreached, ran - set(self.collected))
         for nodeid in sorted(self.evidence):
             ev = self.evidence[nodeid]
             ev.capture_unsafe = self.capture.capture_unsafe(nodeid)
@@ -893,13 +894,10 @@ class Sweep:
             ))  # fmt: skip
         return tests
 
-    def _note_unmatched_ids(self) -> None:
+    def _note_unmatched_ids(self, never: Sequence[str], strangers: set[str]) -> None:
         """Say so when collected tests never ran while uncollected ones did: the suite's
         node ids differ from process to process, and "never ran" may be only that."""
-        ran = {nodeid for nodeid, ev in self.evidence.items() if ev.ran}
-        never = [n for n in self.collected if n not in ran]
-        strangers = ran - set(self.collected)
-        if not (never and strangers):
+        if not strangers:
             return
         note = (f"{len(never)} collected test(s) never ran while {len(strangers)} test(s) "
                 f"ran that collection did not list (e.g. {min(strangers)}): the suite's node "
