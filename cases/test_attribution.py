@@ -27,14 +27,14 @@ def _oracle(cells: dict[str, tuple[CaptureMode, StreamKind]], log: list[attr.Job
     return run_round
 
 
-def test_groups_follow_the_hazard_rules():
+def test_groups_follow_the_hazard_rules() -> None:
     groups = attr.kind_groups(KINDS)
     assert ("ctx_sync",) in groups and tuple(LEGACY) in groups
     assert sorted(k for g in groups for k in g) == sorted(KINDS)
     assert len(groups) == 3
 
 
-def test_relaxed_blocking_capture_costs_seven_processes_not_thirteen():
+def test_relaxed_blocking_capture_costs_seven_processes_not_thirteen() -> None:
     log: list[attr.Job] = []
     cells = {"t": (CaptureMode.RELAXED, StreamKind.BLOCKING)}
     found, processes = attr.attribute(["t"], KINDS, _oracle(cells, log))
@@ -44,7 +44,7 @@ def test_relaxed_blocking_capture_costs_seven_processes_not_thirteen():
     assert processes == len(log) == 3 + len(LEGACY) < len(KINDS)
 
 
-def test_tests_with_different_modes_share_processes():
+def test_tests_with_different_modes_share_processes() -> None:
     log: list[attr.Job] = []
     cells = {
         "global": (CaptureMode.GLOBAL, StreamKind.NONBLOCKING),
@@ -58,7 +58,7 @@ def test_tests_with_different_modes_share_processes():
     assert sum(kinds == ("ctx_sync",) for kinds, _ in log) == 1
 
 
-def test_no_evidence_leaves_kinds_undecided():
+def test_no_evidence_leaves_kinds_undecided() -> None:
     def silent(jobs):
         for kinds, tests in jobs:
             yield kinds, dict.fromkeys(tests)
@@ -68,7 +68,7 @@ def test_no_evidence_leaves_kinds_undecided():
     assert processes == attr.ROUNDS * len(attr.kind_groups(KINDS))  # every round, then stop
 
 
-def test_a_break_that_needs_luck_is_found_in_a_later_round():
+def test_a_break_that_needs_luck_is_found_in_a_later_round() -> None:
     # On the H200 a ctx_sync neighbour broke a CuPy capture in some processes and not others:
     # one survival is no proof, so a test nothing broke gets the groups again.
     log: list[attr.Job] = []
@@ -87,7 +87,7 @@ def test_a_break_that_needs_luck_is_found_in_a_later_round():
     assert processes == len(log) == 2 * groups + len(KINDS) - 1
 
 
-def test_mode_and_advice_from_the_table():
+def test_mode_and_advice_from_the_table() -> None:
     legacy = attr.Attribution(breaks=["ctx_sync", *LEGACY], survives=["mem_alloc", "host_alloc"])
     cells = attr.consistent_cells(legacy)
     assert {m for m, _ in cells} == {CaptureMode.RELAXED, CaptureMode.THREAD_LOCAL}

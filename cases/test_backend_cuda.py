@@ -36,7 +36,7 @@ def fake_driver(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_unavailable_reason_without_bindings(monkeypatch: pytest.MonkeyPatch, fake_driver) -> None:
-    def missing():
+    def missing() -> None:
         raise ImportError("No module named 'cuda'")
 
     monkeypatch.setattr(backend_cuda, "_driver_module", missing)
@@ -44,7 +44,7 @@ def test_unavailable_reason_without_bindings(monkeypatch: pytest.MonkeyPatch, fa
 
 
 def test_unavailable_reason_when_the_driver_library_is_missing(fake_driver) -> None:
-    def no_library(flags):
+    def no_library(flags) -> None:
         raise RuntimeError('"cuda" is an NVIDIA driver library and can only be found ...')
 
     fake_driver.cuInit = no_library

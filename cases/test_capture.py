@@ -20,6 +20,7 @@ from capsafe.errors import CapsafeError, CaptureInvalidated, CudaError, UsageErr
 from capsafe.gate import CaptureGate
 from capsafe.handles import LEGACY_STREAM, CaptureMode
 from capsafe.hazard_calls import METHOD_CALLS
+from capsafe.sim import SimBackend
 
 pytestmark = pytest.mark.timeout(60)
 JOIN_S = 10.0
@@ -37,7 +38,7 @@ def on_thread(backend: Backend, fn, name: str = "other") -> threading.Thread:
     return thread
 
 
-def _bound(backend, context, fn, thread) -> None:
+def _bound(backend: Backend, context, fn, thread) -> None:
     try:
         backend.ctx_set_current(context)
         fn()
@@ -57,7 +58,9 @@ def gated(backend: Backend) -> GatedDriver:
     return GatedDriver(backend, CaptureGate())
 
 
-def test_methods_the_table_flags_are_gated_and_the_rest_are_the_backends_own(sim_backend):
+def test_methods_the_table_flags_are_gated_and_the_rest_are_the_backends_own(
+    sim_backend: SimBackend,
+) -> None:
     facade = GatedDriver(sim_backend, CaptureGate())
     for method, call in METHOD_CALLS.items():
         own = getattr(sim_backend, method)
@@ -67,7 +70,7 @@ def test_methods_the_table_flags_are_gated_and_the_rest_are_the_backends_own(sim
             assert getattr(facade, method) == own, method
 
 
-def test_stream_work_is_gated_only_on_the_legacy_stream(sim_backend):
+def test_stream_work_is_gated_only_on_the_legacy_stream(sim_backend: SimBackend) -> None:
     g = CaptureGate()
     facade = GatedDriver(sim_backend, g)
     ptr, stream = facade.mem_alloc(N), facade.stream_create()
@@ -80,7 +83,7 @@ def test_stream_work_is_gated_only_on_the_legacy_stream(sim_backend):
     assert g.stats().shared_entered == before + 2
 
 
-def test_stream_work_named_by_keyword_is_classified_the_same(sim_backend):
+def test_stream_work_named_by_keyword_is_classified_the_same(sim_backend: SimBackend) -> None:
     g = CaptureGate()
     facade = GatedDriver(sim_backend, g)
     ptr, stream = facade.mem_alloc(N), facade.stream_create()
@@ -93,7 +96,7 @@ def test_stream_work_named_by_keyword_is_classified_the_same(sim_backend):
     facade.stream_synchronize(stream)
 
 
-def test_a_misspelled_capture_mode_is_a_one_line_usage_error(sim_backend):
+def test_a_misspelled_capture_mode_is_a_one_line_usage_error(sim_backend: SimBackend) -> None:
     # A CapsafeError, so `capsafe ...` commands print it instead of a traceback.
     stream = sim_backend.stream_create()
     with pytest.raises(UsageError, match="unknown capture mode 'globl'; expected one of: global"):
@@ -102,7 +105,7 @@ def test_a_misspelled_capture_mode_is_a_one_line_usage_error(sim_backend):
     sim_backend.stream_destroy(stream)
 
 
-def test_other_threads_allocation_waits_for_the_capture_instead_of_breaking_it(gated):
+def test_other_threads_allocation_waits_for_the_capture_instead_of_breaking_it(gated) -> None:
     stream, buf = gated.stream_create(), gated.mem_alloc(N)
     allocated = threading.Event()
     with capture(stream, "global", driver=gated) as cap:
@@ -118,7 +121,9 @@ def test_other_threads_allocation_waits_for_the_capture_instead_of_breaking_it(g
     gated.graph_destroy(cap.graph)
 
 
-def test_measured_policy_lets_an_allocation_run_beside_a_relaxed_capture(sim_backend):
+def test_measured_policy_lets_an_allocation_run_beside_a_relaxed_capture(
+    sim_backend: SimBackend,
+) -> None:
     facade = GatedDriver(sim_backend, CaptureGate(), policy="measured")
     stream = facade.stream_create()
     with capture(stream, CaptureMode.RELAXED, driver=facade):
@@ -137,7 +142,7 @@ class DeviceBuffer:
         self.drv.mem_free(self.ptr)
 
 
-def test_finalizer_freeing_memory_mid_capture_is_deferred_not_fatal(gated):
+def test_finalizer_freeing_memory_mid_capture_is_deferred_not_fatal(gated) -> None:
     stream, buf = gated.stream_create(), gated.mem_alloc(N)
     doomed = DeviceBuffer(gated)
     ptr = doomed.ptr
@@ -153,7 +158,9 @@ def test_finalizer_freeing_memory_mid_capture_is_deferred_not_fatal(gated):
     gated.graph_destroy(cap.graph)
 
 
-def test_invalidated_capture_names_stream_mode_and_the_ungated_calls(sim_backend):
+def test_invalidated_capture_names_stream_mode_and_the_ungated_calls(
+    sim_backend: SimBackend,
+) -> None:
     ungated = GatedDriver(sim_backend, None)
     stream = ungated.stream_create()
     with pytest.raises(CaptureInvalidated) as info, capture(stream, "global", driver=ungated):
@@ -168,7 +175,7 @@ def _expect_cuda_error(drv: Backend) -> None:
         drv.mem_alloc(N)
 
 
-def test_capture_body_error_destroys_the_graph_and_propagates(sim_backend):
+def test_capture_body_error_destroys_the_graph_and_propagates(sim_backend: SimBackend) -> None:
     facade = GatedDriver(sim_backend, CaptureGate())
     stream = facade.stream_create()
     cap = Capture(stream, "thread_local", facade)
@@ -199,7 +206,7 @@ def test_capsafe_gate_0_turns_gating_off() -> None:
     assert out.stdout.split() == ["False", "sim"]
 
 
-def test_stress_threads_mixing_gated_calls_and_captures_never_break_a_capture(gated):
+def test_stress_threads_mixing_gated_calls_and_captures_never_break_a_capture(gated) -> None:
     """8 threads, random mixes of capture-breaking calls and captures, for ~1.5 s."""
     stop_at = time.monotonic() + 1.5
     failures: list[BaseException] = []

@@ -25,7 +25,7 @@ def _fake_cupy(monkeypatch: pytest.MonkeyPatch) -> type[_Status]:
     return runtime.CUDARuntimeError
 
 
-def test_capsafe_errors_by_their_result():
+def test_capsafe_errors_by_their_result() -> None:
     assert capture_error(CaptureInvalidated("CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", "x")) == (
         "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"
     )
@@ -36,20 +36,20 @@ def test_capsafe_errors_by_their_result():
     assert capture_error(renamed) == "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"  # by its type
 
 
-def test_cupy_error_by_type_when_cupy_is_loaded(monkeypatch):
+def test_cupy_error_by_type_when_cupy_is_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
     error = _fake_cupy(monkeypatch)
     # The status alone says what it is: the message names nothing.
     assert capture_error(error("graph failed", 908)) == "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD"
     assert capture_error(error("out of memory", 2)) is None
 
 
-def test_cupy_error_by_name_when_cupy_is_not_loaded(monkeypatch):
+def test_cupy_error_by_name_when_cupy_is_not_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(sys.modules, "cupy", raising=False)
     exc = _Status("cudaErrorStreamCaptureInvalidated: operation failed due to a previous", 0)
     assert capture_error(exc) == "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"
 
 
-def test_torch_error_by_code_and_by_description(monkeypatch):
+def test_torch_error_by_code_and_by_description(monkeypatch: pytest.MonkeyPatch) -> None:
     torch = types.ModuleType("torch")
     torch.AcceleratorError = type("AcceleratorError", (RuntimeError,), {})  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "torch", torch)
@@ -60,7 +60,7 @@ def test_torch_error_by_code_and_by_description(monkeypatch):
     assert capture_error(RuntimeError(text)) == "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
 
 
-def test_cause_chain_and_text_only():
+def test_cause_chain_and_text_only() -> None:
     try:
         try:
             raise CaptureInvalidated("CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", "cuStreamEndCapture")
@@ -73,7 +73,9 @@ def test_cause_chain_and_text_only():
     assert capture_error(ValueError("bad shape"), "assert 1 == 2") is None
 
 
-def test_cupy_invalidated_capture_status_as_a_runtime_error(monkeypatch):
+def test_cupy_invalidated_capture_status_as_a_runtime_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """CuPy's own wording when it finds a stream whose capture another call invalidated
     (seen on the H200 in CuPy 14.2's test_stream_capture_failure_cublas)."""
     monkeypatch.delitem(sys.modules, "cupy", raising=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -56,7 +57,7 @@ class FakeHost:
             out[(kind, t)] = attempt(t, failed, capture=broke or t == "always", run=kind)
         return out
 
-    def pool(self, desc, jobs, work):
+    def pool(self, desc, jobs, work) -> None:
         queue = list(jobs)
         while queue:
             queue += work(queue.pop(0), 0)
@@ -69,7 +70,7 @@ def phases_after_suite_runs() -> CapturePhases:
     return phases
 
 
-def test_the_evidence_rule():
+def test_the_evidence_rule() -> None:
     ev = CaptureEvidence(neighbor_runs=2, capture_failures=1, batch_control_passes=1)
     assert ev.capture_unsafe
     ev.batch_control_failures = 1  # a failed batched control: only alone reruns decide now
@@ -81,7 +82,7 @@ def test_the_evidence_rule():
     assert not CaptureEvidence(neighbor_runs=3, capture_failures=3).capture_unsafe  # no control
 
 
-def test_capture_failures_are_rerun_batched_and_the_rest_alone():
+def test_capture_failures_are_rerun_batched_and_the_rest_alone() -> None:
     phases, host = phases_after_suite_runs(), FakeHost()
     alone = phases.isolate(host, ["always", "cap", "plain"], 3, [1, 2, 3], seed=5)
     # One process per rerun for both suspects; without, with, without neighbours.
@@ -92,7 +93,7 @@ def test_capture_failures_are_rerun_batched_and_the_rest_alone():
     assert alone == ["always", "plain"]  # its batched control failed: ordinary reruns decide
 
 
-def test_alone_reruns_alternate_and_count():
+def test_alone_reruns_alternate_and_count() -> None:
     phases = phases_after_suite_runs()
     assert phases.alone_args() == [("--capsafe-neighbors=0",), ()]
     assert CapturePhases(0).alone_args() == [()]
@@ -103,7 +104,7 @@ def test_alone_reruns_alternate_and_count():
     )
 
 
-def test_attribution_names_the_breaking_kinds_and_the_report_fields():
+def test_attribution_names_the_breaking_kinds_and_the_report_fields() -> None:
     phases, host = phases_after_suite_runs(), FakeHost()
     phases.isolate(host, ["always", "cap"], 2, [1, 2], seed=5)
     assert set(phases.attributions) == {"cap"}  # only capture-unsafe tests are reported
@@ -117,7 +118,7 @@ def test_attribution_names_the_breaking_kinds_and_the_report_fields():
     assert "passed 1 of 1 without them" in phases.why("cap")
 
 
-def test_phase_times_sum_processes_and_phases(tmp_path):
+def test_phase_times_sum_processes_and_phases(tmp_path: Path) -> None:
     now = time.time()
     marks = [{"started": now, "configured": now + 1, "collected": now + 3, "cuda_ready": now + 4,
               "finished": now + 10}]  # fmt: skip
@@ -133,7 +134,7 @@ def test_phase_times_sum_processes_and_phases(tmp_path):
     assert started is None or now - 3600 * 24 < started <= now
 
 
-def test_a_capture_error_seen_only_alone_still_gets_its_breaking_calls():
+def test_a_capture_error_seen_only_alone_still_gets_its_breaking_calls() -> None:
     """Seen on the H200 (CuPy's test_capture_run_on_same_stream[False]): the suite-run
     failure was not a capture error, the alone rerun with neighbours was; the test was
     capture-unsafe with every call kind undecided."""
@@ -169,7 +170,7 @@ def three_unsafe():
         del BREAKS["bypass"], BREAKS["flaky_in_batch"]
 
 
-def test_capture_unsafe_tests_are_rerun_protected_batched_then_alone(three_unsafe):
+def test_capture_unsafe_tests_are_rerun_protected_batched_then_alone(three_unsafe) -> None:
     phases, host = three_unsafe
     phases.protect(host, "cupy", 2, [1, 2])
     everyone = ("bypass", "cap", "flaky_in_batch")
@@ -191,7 +192,7 @@ def test_capture_unsafe_tests_are_rerun_protected_batched_then_alone(three_unsaf
     assert "; with protection: survived 2/2 (cupy); breaks under: ctx_sync" in phases.why("cap")
 
 
-def test_protect_none_does_no_protected_reruns(three_unsafe):
+def test_protect_none_does_no_protected_reruns(three_unsafe) -> None:
     phases, host = three_unsafe
     phases.protect(host, "none", 2, [1, 2])
     assert host.protected == []
@@ -200,7 +201,7 @@ def test_protect_none_does_no_protected_reruns(three_unsafe):
     assert fields["protection"] == "with protection: not rerun (--protect none)"
 
 
-def test_auto_without_a_framework_gives_no_verdict(three_unsafe):
+def test_auto_without_a_framework_gives_no_verdict(three_unsafe) -> None:
     phases, _ = three_unsafe
     host = FakeHost(installed=())
     phases.protect(host, "auto", 2, [1, 2])
@@ -213,7 +214,7 @@ def test_auto_without_a_framework_gives_no_verdict(three_unsafe):
     assert {p for _, p in auto.protected} == {("cuda_core",)}
 
 
-def test_a_sweep_stopped_before_its_protected_reruns_says_so():
+def test_a_sweep_stopped_before_its_protected_reruns_says_so() -> None:
     phases, host = phases_after_suite_runs(), FakeHost()
     phases.isolate(host, ["cap"], 2, [1, 2], seed=5)
     fields = phases.test_fields("cap", "pytest t.py")
@@ -221,7 +222,7 @@ def test_a_sweep_stopped_before_its_protected_reruns_says_so():
         "protection"]  # fmt: skip
 
 
-def test_the_protect_option_values():
+def test_the_protect_option_values() -> None:
     assert set(FRAMEWORKS) == set(NAMES)  # every integration has its framework to look for
     assert protect_choice(" auto") == "auto" and protect_choice("none") == "none"
     assert protect_choice("cupy, cuda_core,cupy") == "cupy,cuda_core"
@@ -230,7 +231,7 @@ def test_the_protect_option_values():
             protect_choice(bad)
 
 
-def test_protected_reruns_that_run_no_test_give_no_verdict(three_unsafe):
+def test_protected_reruns_that_run_no_test_give_no_verdict(three_unsafe) -> None:
     phases, _ = three_unsafe
 
     class CannotInstall(FakeHost):  # every protected process stops at a usage error

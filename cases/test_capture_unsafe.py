@@ -36,7 +36,7 @@ def sweep(out: Path, *options: str, suite: Path = SUITE):
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_unprotected_capture_is_capture_unsafe_with_its_breaking_calls(tmp_path):
+def test_unprotected_capture_is_capture_unsafe_with_its_breaking_calls(tmp_path: Path) -> None:
     out = tmp_path / "report"
     done, summary, tests = sweep(out, "--runs", "2", "--isolation-runs", "2", "--neighbors", "2")
     assert done.returncode == 1, done.stderr
@@ -59,7 +59,7 @@ def test_unprotected_capture_is_capture_unsafe_with_its_breaking_calls(tmp_path)
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_without_neighbours_nothing_is_capture_unsafe(tmp_path):
+def test_without_neighbours_nothing_is_capture_unsafe(tmp_path: Path) -> None:
     done, summary, tests = sweep(tmp_path / "report", "--runs", "1")
     assert done.returncode == 0, done.stderr
     assert {t["classification"] for t in tests.values()} == {"pass"}
@@ -68,7 +68,7 @@ def test_without_neighbours_nothing_is_capture_unsafe(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_neighbours_that_cannot_start_stop_the_sweep(tmp_path):
+def test_neighbours_that_cannot_start_stop_the_sweep(tmp_path: Path) -> None:
     suite = tmp_path / "suite"
     shutil.copytree(SUITE, suite)
     # The test processes get a backend the neighbours cannot bind; the sweep itself is fine.

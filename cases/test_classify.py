@@ -78,18 +78,18 @@ def full(nodeid, outcome="passed", **kw):
         (dict(), "unverified"),
     ],
 )  # fmt: skip
-def test_classification_rules(evidence, expected):
+def test_classification_rules(evidence, expected) -> None:
     assert classify(Evidence("t.py::t", **evidence)) == expected
 
 
-def test_every_class_has_one_rule_and_classes_are_worst_first():
+def test_every_class_has_one_rule_and_classes_are_worst_first() -> None:
     assert sorted(rule.name for rule in RULES) == sorted(CLASSES)
     assert all(rule.evidence for rule in RULES)
     assert CLASSES[0] == "error" and CLASSES[-1] == "pass"
     assert severity("fail") < severity("flaky") < severity("pass")
 
 
-def test_concurrent_tests_are_other_workers_overlapping_in_time():
+def test_concurrent_tests_are_other_workers_overlapping_in_time() -> None:
     rows = (
         full("v", "failed", worker="gw0", pid=1, time=2.0)
         + full("same", worker="gw0", pid=1, index=1, time=2.5)
@@ -105,13 +105,13 @@ def test_concurrent_tests_are_other_workers_overlapping_in_time():
 # ---------------------------------------------------------------- attempts
 
 
-def test_any_failed_phase_fails_the_attempt():
+def test_any_failed_phase_fails_the_attempt() -> None:
     rows = [row("a", "setup"), row("a", "call"), row("a", "teardown", "failed", message="boom")]
     (attempt,) = attempts(rows).values()
     assert attempt.failed and attempt.message == "boom"
 
 
-def test_signals_are_gathered_across_phases_and_timeout_or_crash_fail():
+def test_signals_are_gathered_across_phases_and_timeout_or_crash_fail() -> None:
     rows = [row("a", "setup"), row("a", "call", signals=["capture-invalidated"]),
             row("a", "teardown", signals=["env-leak"])]  # fmt: skip
     (attempt,) = attempts(rows).values()
@@ -121,7 +121,7 @@ def test_signals_are_gathered_across_phases_and_timeout_or_crash_fail():
     assert crashed.failed
 
 
-def test_controller_crash_row_keeps_the_workers_position():
+def test_controller_crash_row_keeps_the_workers_position() -> None:
     rows = [row("a", "setup", index=4, pid=11, time=1.0),
             row("a", "call", "failed", index=4, pid=99, signals=["crash"], time=2.0)]  # fmt: skip
     (attempt,) = attempts(rows).values()
@@ -129,12 +129,12 @@ def test_controller_crash_row_keeps_the_workers_position():
     assert "crash" in attempt.signals
 
 
-def test_attempts_are_per_run():
+def test_attempts_are_per_run() -> None:
     found = attempts(full("a", run="run-1") + full("a", "failed", run="run-2"))
     assert not found["run-1", "a"].failed and found["run-2", "a"].failed
 
 
-def test_unfinished_test_is_a_crash_or_a_stall_timeout():
+def test_unfinished_test_is_a_crash_or_a_stall_timeout() -> None:
     rows = [*full("done"), row("dying", "setup", index=1, time=5.0)]
     (added,) = unfinished_rows(rows)
     assert added["nodeid"] == "dying" and added["outcome"] == "failed"
@@ -143,12 +143,12 @@ def test_unfinished_test_is_a_crash_or_a_stall_timeout():
     assert stalled["signals"] == ["timeout"] and "30s" in stalled["message"]
 
 
-def test_crash_already_reported_by_the_controller_is_not_doubled():
+def test_crash_already_reported_by_the_controller_is_not_doubled() -> None:
     rows = [row("a", "setup"), row("a", "call", "failed", signals=["crash"])]
     assert unfinished_rows(rows) == []
 
 
-def test_process_sequence_is_the_same_process_before_the_victim():
+def test_process_sequence_is_the_same_process_before_the_victim() -> None:
     rows = (
         full("p1", index=0, time=1)
         + full("other", worker="gw1", pid=20, index=0, time=1.5)
@@ -178,13 +178,13 @@ def test_process_sequence_is_the_same_process_before_the_victim():
         (10, 10, 0.7225, 1.0),
     ],
 )
-def test_wilson_interval_matches_published_values(failures, runs, low, high):
+def test_wilson_interval_matches_published_values(failures, runs, low, high) -> None:
     lo, hi = wilson_interval(failures, runs)
     assert lo == pytest.approx(low, abs=1e-4)
     assert hi == pytest.approx(high, abs=1e-4)
 
 
-def test_wilson_interval_edges():
+def test_wilson_interval_edges() -> None:
     assert wilson_interval(0, 0) == (0.0, 1.0)
     lo, hi = wilson_interval(3, 5)
     assert lo < flake_rate(3, 5) < hi

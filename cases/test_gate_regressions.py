@@ -289,7 +289,7 @@ print("done")
 """
 
 
-def test_the_gates_stack_snapshot_never_hangs_when_a_collection_frees_a_thread_local():
+def test_the_gates_stack_snapshot_never_hangs_when_a_collection_frees_a_thread_local() -> None:
     # Seen in CI: a worker hung in begin_capture's timeout message, inside
     # sys._current_frames(), collecting garbage. With sys._current_frames() in place of
     # current_frames() this script hangs on CPython 3.11.7 (3 of 3 tries).

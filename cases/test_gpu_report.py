@@ -26,7 +26,7 @@ def _rows():
     ]  # fmt: skip
 
 
-def test_section_gathers_what_a_gpu_engineer_reads_first():
+def test_section_gathers_what_a_gpu_engineer_reads_first() -> None:
     neighbors = {"processes": 3, "backend": ["cuda"], "calls": {"ctx_sync": 9},
                  "driver_errors": {"ctx_sync": 2}, "problems": [], "unavailable": []}  # fmt: skip
     gpu = gpu_report.gpu_section([UNSAFE, {**UNSAFE, "classification": "pass"}], _rows(), neighbors)
@@ -48,18 +48,18 @@ def test_section_gathers_what_a_gpu_engineer_reads_first():
     assert "<b>capture-unsafe</b>" in html and "CUDA_VISIBLE_DEVICES" in html
 
 
-def test_neighbours_that_could_not_start_are_the_headline():
+def test_neighbours_that_could_not_start_are_the_headline() -> None:
     gpu = gpu_report.gpu_section([], [], {"processes": 1, "unavailable": ["UsageError: nope"]})
     assert gpu_report.markdown(gpu)[2].startswith("Neighbour threads could not start: UsageError")
     assert "could not start" in gpu_report.html_section(gpu)
 
 
-def test_nothing_gpu_related_adds_nothing():
+def test_nothing_gpu_related_adds_nothing() -> None:
     gpu = gpu_report.gpu_section([], [], None)
     assert gpu_report.markdown(gpu) == [] and gpu_report.html_section(gpu) == ""
 
 
-def test_each_capture_unsafe_test_says_whether_it_survived_protection():
+def test_each_capture_unsafe_test_says_whether_it_survived_protection() -> None:
     survived = {
         **UNSAFE,
         "capture": {

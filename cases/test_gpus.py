@@ -30,7 +30,7 @@ def suite(tmp_path: Path) -> Path:
     return write_suite(tmp_path / "suite")
 
 
-def test_specs_resolve_against_the_devices_found():
+def test_specs_resolve_against_the_devices_found() -> None:
     four = lambda: ["0", "1", "2", "3"]  # noqa: E731
     assert gpus.parse("all", four) == ("0", "1", "2", "3")
     assert gpus.parse("2", four) == ("0", "1")
@@ -46,7 +46,7 @@ def test_specs_resolve_against_the_devices_found():
         gpus.parse("all", list)
 
 
-def test_all_reads_nvidia_smi_or_the_visible_devices(monkeypatch):
+def test_all_reads_nvidia_smi_or_the_visible_devices(monkeypatch: pytest.MonkeyPatch) -> None:
     smi = "GPU 0: NVIDIA H200 (UUID: GPU-aaaa)\nGPU 1: NVIDIA H200 (UUID: GPU-bbbb)\n"
     assert gpus.smi_devices(smi) == ["0", "1"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
@@ -55,13 +55,13 @@ def test_all_reads_nvidia_smi_or_the_visible_devices(monkeypatch):
     assert gpus.detect() == []  # an empty list hides every device
 
 
-def test_workers_round_robin():
+def test_workers_round_robin() -> None:
     devices = ("0", "2", "5")
     assert [gpus.for_worker(devices, f"gw{k}") for k in range(5)] == ["0", "2", "5", "0", "2"]
     assert gpus.for_worker(devices, "main") == "0"
 
 
-def test_rows_written_before_the_gpu_field_still_load():
+def test_rows_written_before_the_gpu_field_still_load() -> None:
     row = {"nodeid": "t.py::t", "phase": "call", "outcome": "passed", "duration": 0.1,
            "run_id": "r", "seed": 1, "worker": "main", "index": 0, "pid": 1, "signals": [],
            "message": "", "time": 5.0}  # fmt: skip
@@ -71,7 +71,7 @@ def test_rows_written_before_the_gpu_field_still_load():
 
 
 @pytest.mark.timeout(90)
-def test_plain_pytest_pins_each_xdist_worker_before_conftest_import(suite, tmp_path):
+def test_plain_pytest_pins_each_xdist_worker_before_conftest_import(suite, tmp_path: Path) -> None:
     def run(out: Path) -> dict[str, str]:
         out.mkdir()
         done = subprocess.run(
@@ -94,7 +94,7 @@ def test_plain_pytest_pins_each_xdist_worker_before_conftest_import(suite, tmp_p
 
 
 @pytest.mark.timeout(110)
-def test_sweep_pins_every_process_and_reports_the_gpu_finding(suite, tmp_path):
+def test_sweep_pins_every_process_and_reports_the_gpu_finding(suite, tmp_path: Path) -> None:
     out = tmp_path / "report"
     done = subprocess.run(
         [sys.executable, "-m", "capsafe.cli", "sweep", "--no-progress", str(suite),
@@ -125,7 +125,7 @@ def test_sweep_pins_every_process_and_reports_the_gpu_finding(suite, tmp_path):
     assert "placement: 1 test(s) failed on one GPU only (GPU 1)" in done.stderr
 
 
-def test_failures_on_one_gpu_only_are_a_placement_finding():
+def test_failures_on_one_gpu_only_are_a_placement_finding() -> None:
     def row(nodeid, run, pid, gpu, outcome):
         return {"nodeid": nodeid, "phase": "call", "outcome": outcome, "run_id": run,
                 "pid": pid, "gpu": gpu}  # fmt: skip
@@ -182,7 +182,7 @@ def test_fails_so_it_is_rerun_alone():
 
 @pytest.mark.cuda
 @pytest.mark.timeout(200)
-def test_on_the_gpu_every_process_sees_the_one_device_of_its_row(tmp_path):
+def test_on_the_gpu_every_process_sees_the_one_device_of_its_row(tmp_path: Path) -> None:
     """benchmarks/run_gpu.sh's `sweep_gpus` step: --gpus all on the real machine."""
     from capsafe.backend_cuda import unavailable_reason
 

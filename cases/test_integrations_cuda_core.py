@@ -23,6 +23,7 @@ from capsafe.driver import GatedDriver
 from capsafe.errors import CaptureInvalidated, UsageError
 from capsafe.gate import CaptureGate
 from capsafe.integrations import cuda_core as integration
+from capsafe.sim import SimBackend
 
 pytestmark = pytest.mark.timeout(60)
 KiB = 1 << 10
@@ -40,7 +41,7 @@ def fake_cuda_core(sim):
 
 
 @pytest.fixture
-def core(sim_backend, monkeypatch):
+def core(sim_backend: SimBackend, monkeypatch: pytest.MonkeyPatch):
     fake, graph = fake_cuda_core(sim_backend)
     monkeypatch.setitem(sys.modules, "cuda.core", fake)
     monkeypatch.setitem(sys.modules, "cuda.core.graph", graph)
@@ -51,7 +52,7 @@ def core(sim_backend, monkeypatch):
 
 
 @pytest.fixture
-def facade(sim_backend):
+def facade(sim_backend: SimBackend):
     return GatedDriver(sim_backend, CaptureGate())
 
 
@@ -64,7 +65,7 @@ def builder_cls():
     return sys.modules["cuda.core.graph"].GraphBuilder
 
 
-def test_install_is_idempotent_and_uninstall_restores_everything(core, facade):
+def test_install_is_idempotent_and_uninstall_restores_everything(core, facade) -> None:
     prop = core.Device.__dict__["memory_resource"]
     methods = {n: builder_cls().__dict__[n] for n in ("begin_building", "end_building", "close")}
     assert integration.install(facade) is True
@@ -77,7 +78,7 @@ def test_install_is_idempotent_and_uninstall_restores_everything(core, facade):
     assert {n: builder_cls().__dict__[n] for n in methods} == methods
 
 
-def test_the_devices_resource_is_seen_gated(core, facade, sim_backend):
+def test_the_devices_resource_is_seen_gated(core, facade, sim_backend: SimBackend) -> None:
     integration.install(facade)
     device = core.Device()
     resource = device.memory_resource
@@ -96,8 +97,8 @@ def test_the_devices_resource_is_seen_gated(core, facade, sim_backend):
 
 
 def test_a_free_on_the_capturing_thread_waits_for_the_window_unless_made_inside_it(
-    core, facade, sim_backend
-):
+    core, facade, sim_backend: SimBackend
+) -> None:
     integration.install(facade)
     device = core.Device()
     stream = device.create_stream()
@@ -115,7 +116,7 @@ def test_a_free_on_the_capturing_thread_waits_for_the_window_unless_made_inside_
     assert used(sim_backend) == during - 4 * KiB  # the deferred free ran after the window
 
 
-def test_end_building_that_raises_gives_the_gate_back(core, facade):
+def test_end_building_that_raises_gives_the_gate_back(core, facade) -> None:
     integration.install(facade)
     builder = core.Device().create_graph_builder().begin_building()
     assert facade.gate.stats().open_captures == 1
@@ -125,7 +126,7 @@ def test_end_building_that_raises_gives_the_gate_back(core, facade):
     assert facade.gate.stats().open_captures == 0
 
 
-def three_captures(device, capture, during):
+def three_captures(device, capture, during) -> None:
     """Three windows, each with an allocation made before it and one inside it."""
     stream = device.create_stream()
     for _ in range(3):
@@ -146,7 +147,7 @@ def _raw(builder):
 
 
 @pytest.mark.parametrize("how", ["bare", "installed", "capture-helper"])
-def test_three_captures_beside_a_neighbour(core, facade, sim_backend, how):
+def test_three_captures_beside_a_neighbour(core, facade, sim_backend: SimBackend, how) -> None:
     if how == "installed":
         integration.install(facade)
     capture = (lambda b: integration.capture(b, driver=facade)) if how == "capture-helper" else _raw
@@ -160,7 +161,7 @@ def test_three_captures_beside_a_neighbour(core, facade, sim_backend, how):
     assert facade.gate.stats().open_captures == 0
 
 
-def test_uninstall_is_refused_while_a_builder_is_building(core, facade):
+def test_uninstall_is_refused_while_a_builder_is_building(core, facade) -> None:
     integration.install(facade)
     builder = core.Device().create_graph_builder().begin_building()
     with pytest.raises(UsageError, match="still building"):
@@ -170,7 +171,9 @@ def test_uninstall_is_refused_while_a_builder_is_building(core, facade):
     assert integration.uninstall()
 
 
-def test_install_patches_the_real_cuda_core_types_and_restores_them(sim_backend):
+def test_install_patches_the_real_cuda_core_types_and_restores_them(
+    sim_backend: SimBackend,
+) -> None:
     real = pytest.importorskip("cuda.core.graph")
     core = pytest.importorskip("cuda.core")
     builder_cls = real.GraphBuilder
@@ -189,7 +192,7 @@ def test_install_patches_the_real_cuda_core_types_and_restores_them(sim_backend)
     assert core.Device.__dict__["memory_resource"] is prop
 
 
-def test_a_buffer_allocated_in_one_window_and_freed_in_the_next_is_deferred(core, facade):
+def test_a_buffer_allocated_in_one_window_and_freed_in_the_next_is_deferred(core, facade) -> None:
     integration.install(facade)
     device = core.Device()
     first = device.create_graph_builder().begin_building("relaxed")

@@ -23,6 +23,7 @@ from capsafe.errors import CaptureInvalidated, CudaError, UsageError
 from capsafe.gate import CaptureGate
 from capsafe.handles import CaptureMode, DevicePtr
 from capsafe.integrations import cupy as integration
+from capsafe.sim import SimBackend
 
 pytestmark = pytest.mark.timeout(60)
 MiB = 1 << 20
@@ -37,18 +38,18 @@ class CUDARuntimeError(RuntimeError):
 class _Memory:
     """PythonFunctionAllocator's memory: malloc at creation, free on `release()`."""
 
-    def __init__(self, size, malloc, free):
+    def __init__(self, size, malloc, free) -> None:
         self.size, self._free = size, free
         self.ptr = malloc(size, 0)
 
-    def release(self):
+    def release(self) -> None:
         if self.ptr:
             self._free(self.ptr, 0)
             self.ptr = 0
 
 
 class PythonFunctionAllocator:
-    def __init__(self, malloc, free):
+    def __init__(self, malloc, free) -> None:
         self._malloc, self._free = malloc, free
 
     def malloc(self, size):
@@ -58,7 +59,7 @@ class PythonFunctionAllocator:
 class MemoryPool:
     """Caches released blocks by size; grows through its base allocator (thread-safe, as CuPy's)."""
 
-    def __init__(self, allocator=None):
+    def __init__(self, allocator=None) -> None:
         self._allocator = allocator
         self._free: dict[int, list] = {}
         self._lock = threading.Lock()
@@ -70,11 +71,11 @@ class MemoryPool:
                 return cached.pop()
         return self._allocator(size).mem
 
-    def free(self, mem):
+    def free(self, mem) -> None:
         with self._lock:
             self._free.setdefault(mem.size, []).append(mem)
 
-    def free_all_blocks(self, stream=None):
+    def free_all_blocks(self, stream=None) -> None:
         with self._lock:
             mems, self._free = [m for ms in self._free.values() for m in ms], {}
         for mem in mems:
@@ -82,30 +83,30 @@ class MemoryPool:
 
 
 class PinnedMemoryPointer:
-    def __init__(self, mem, offset):
+    def __init__(self, mem, offset) -> None:
         self.mem, self.ptr = mem, mem.ptr + offset
 
 
 class PinnedMemoryPool:
-    def __init__(self, allocator):
+    def __init__(self, allocator) -> None:
         self._alloc = allocator
         self._free: list = []
 
     def malloc(self, size):
         return PinnedMemoryPointer(self._free.pop() if self._free else self._alloc(size).mem, 0)
 
-    def free_all_blocks(self):
+    def free_all_blocks(self) -> None:
         self._free.clear()
 
 
 def fake_cupy(sim):
     """A fresh fake `cupy` whose streams capture on `sim` directly (no gate)."""
 
-    def primary():  # the runtime makes device 0's primary context current on first use
+    def primary() -> None:  # the runtime makes device 0's primary context current on first use
         if sim.ctx_get_current() is None:
             sim.ctx_set_current(sim.primary_ctx_retain(sim.device_get(0)))
 
-    def free(ptr):
+    def free(ptr) -> None:
         primary()
         sim.mem_free(DevicePtr(ptr))
 
@@ -130,14 +131,14 @@ def fake_cupy(sim):
     modes = {0: CaptureMode.GLOBAL, 1: CaptureMode.THREAD_LOCAL, 2: CaptureMode.RELAXED}
 
     class _BaseStream:
-        def __init__(self, non_blocking=True):
+        def __init__(self, non_blocking=True) -> None:
             self.handle = sim.stream_create(nonblocking=non_blocking)
             self.ptr = self.handle.value
             self.is_non_blocking = non_blocking
             self.end_error: BaseException | None = None
             self.refuse_end: BaseException | None = None
 
-        def begin_capture(self, mode=None):
+        def begin_capture(self, mode=None) -> None:
             sim.stream_begin_capture(self.handle, modes[2 if mode is None else mode])
 
         def end_capture(self):
@@ -162,12 +163,12 @@ def fake_cupy(sim):
 
     state = {}
 
-    def set_allocator(allocator=None):
+    def set_allocator(allocator=None) -> None:
         if state.get("thread_local"):
             raise ValueError("set_allocator() cannot be called within using_allocator context")
         state["allocator"] = allocator
 
-    def set_pinned_memory_allocator(allocator=None):
+    def set_pinned_memory_allocator(allocator=None) -> None:
         state["pinned"] = allocator
 
     default_pool = MemoryPool(lambda size: None)
@@ -195,7 +196,7 @@ def fake_cupy(sim):
 
 
 @pytest.fixture
-def cupy(sim_backend, monkeypatch):
+def cupy(sim_backend: SimBackend, monkeypatch: pytest.MonkeyPatch):
     fake = fake_cupy(sim_backend)
     monkeypatch.setitem(__import__("sys").modules, "cupy", fake)
     yield fake
@@ -205,7 +206,7 @@ def cupy(sim_backend, monkeypatch):
 
 
 @pytest.fixture
-def facade(sim_backend):
+def facade(sim_backend: SimBackend):
     return GatedDriver(sim_backend, CaptureGate())
 
 
@@ -214,7 +215,7 @@ def used(sim) -> int:
     return total - free
 
 
-def test_install_is_idempotent_and_uninstall_restores_everything(cupy, facade):
+def test_install_is_idempotent_and_uninstall_restores_everything(cupy, facade) -> None:
     begin, end = cupy.cuda.Stream.begin_capture, cupy.cuda.Stream.end_capture
     allocator = cupy.cuda.get_allocator()
     pool, pinned = cupy._default_memory_pool, cupy._default_pinned_memory_pool
@@ -235,7 +236,7 @@ def test_install_is_idempotent_and_uninstall_restores_everything(cupy, facade):
     assert cupy.state["pinned"] == pinned.malloc
 
 
-def test_an_install_cupy_refuses_changes_nothing(cupy, facade):
+def test_an_install_cupy_refuses_changes_nothing(cupy, facade) -> None:
     begin, allocator = cupy.cuda.Stream.begin_capture, cupy.cuda.get_allocator()
     cupy.state["thread_local"] = True  # inside `cupy.cuda.using_allocator`
     with pytest.raises(ValueError, match="using_allocator"):
@@ -244,7 +245,7 @@ def test_an_install_cupy_refuses_changes_nothing(cupy, facade):
     assert cupy.cuda.Stream.begin_capture is begin and cupy.cuda.get_allocator() is allocator
 
 
-def test_installed_block_undoes_only_its_own_install(cupy, facade):
+def test_installed_block_undoes_only_its_own_install(cupy, facade) -> None:
     with integration.installed(facade):
         assert integration.is_installed()
     assert not integration.is_installed()
@@ -254,7 +255,9 @@ def test_installed_block_undoes_only_its_own_install(cupy, facade):
     assert integration.is_installed()  # the block did not install it, so it leaves it
 
 
-def test_capture_holds_the_gate_and_end_capture_releases_it_also_when_it_raises(cupy, facade):
+def test_capture_holds_the_gate_and_end_capture_releases_it_also_when_it_raises(
+    cupy, facade
+) -> None:
     integration.install(facade)
     stream = cupy.cuda.Stream()
     stream.begin_capture()
@@ -273,7 +276,9 @@ def test_capture_holds_the_gate_and_end_capture_releases_it_also_when_it_raises(
     assert entered.wait(5), "the gate stayed closed after end_capture raised"
 
 
-def test_an_end_capture_the_driver_refuses_keeps_the_gate_until_the_capture_ends(cupy, facade):
+def test_an_end_capture_the_driver_refuses_keeps_the_gate_until_the_capture_ends(
+    cupy, facade
+) -> None:
     integration.install(facade)
     stream = cupy.cuda.Stream()
     stream.begin_capture()
@@ -286,7 +291,7 @@ def test_an_end_capture_the_driver_refuses_keeps_the_gate_until_the_capture_ends
     assert facade.gate.stats().open_captures == 0
 
 
-def test_begin_capture_that_raises_gives_the_gate_back(cupy, facade):
+def test_begin_capture_that_raises_gives_the_gate_back(cupy, facade) -> None:
     integration.install(facade)
     stream = cupy.cuda.Stream()
     stream.begin_capture()
@@ -296,7 +301,9 @@ def test_begin_capture_that_raises_gives_the_gate_back(cupy, facade):
     assert facade.gate.stats().open_captures == 0
 
 
-def test_pool_growth_goes_through_the_gate_and_pool_hits_do_not(cupy, facade, sim_backend):
+def test_pool_growth_goes_through_the_gate_and_pool_hits_do_not(
+    cupy, facade, sim_backend: SimBackend
+) -> None:
     integration.install(facade)
     allocate = cupy.cuda.get_allocator()
     before, entered = used(sim_backend), facade.gate.stats().shared_entered
@@ -309,8 +316,8 @@ def test_pool_growth_goes_through_the_gate_and_pool_hits_do_not(cupy, facade, si
 
 
 def test_free_on_the_capturing_thread_is_deferred_to_the_end_of_the_capture(
-    cupy, facade, sim_backend
-):
+    cupy, facade, sim_backend: SimBackend
+) -> None:
     integration.install(facade)
     pool = cupy._default_memory_pool
     pool.free(cupy.cuda.get_allocator()(MiB))
@@ -323,7 +330,7 @@ def test_free_on_the_capturing_thread_is_deferred_to_the_end_of_the_capture(
     assert used(sim_backend) == held - MiB
 
 
-def test_pinned_memory_goes_through_the_gate(cupy, facade):
+def test_pinned_memory_goes_through_the_gate(cupy, facade) -> None:
     integration.install(facade)
     entered = facade.gate.stats().shared_entered
     pointer = cupy.state["pinned"](4096)
@@ -334,7 +341,7 @@ def test_pinned_memory_goes_through_the_gate(cupy, facade):
     assert facade.gate.stats().shared_entered == entered + 2  # cuMemFreeHost at collection
 
 
-def test_out_of_memory_reads_as_cupys_own_error(cupy, facade):
+def test_out_of_memory_reads_as_cupys_own_error(cupy, facade) -> None:
     integration.install(facade)
     with pytest.raises(CUDARuntimeError) as caught:
         cupy.cuda.get_allocator()(1 << 50)
@@ -348,7 +355,7 @@ class Neighbour:
     so a test can wait until it has run inside a window instead of sleeping.
     """
 
-    def __init__(self, facade, sim_backend) -> None:
+    def __init__(self, facade, sim_backend: SimBackend) -> None:
         self.calls = 0
         self._stop = threading.Event()
         context = sim_backend.ctx_get_current()
@@ -380,8 +387,8 @@ class Neighbour:
 
 @pytest.mark.parametrize("installed", [False, True], ids=["bare", "installed"])
 def test_a_neighbours_synchronize_breaks_a_cupy_capture_unless_installed(
-    cupy, facade, sim_backend, installed
-):
+    cupy, facade, sim_backend: SimBackend, installed
+) -> None:
     if installed:
         integration.install(facade)
     stream = cupy.cuda.Stream()
@@ -396,7 +403,7 @@ def test_a_neighbours_synchronize_breaks_a_cupy_capture_unless_installed(
                 stream.end_capture()
 
 
-def test_capture_block_for_new_code(cupy, facade, sim_backend):
+def test_capture_block_for_new_code(cupy, facade, sim_backend: SimBackend) -> None:
     stream = cupy.cuda.Stream()
     with Neighbour(facade, sim_backend):
         with integration.capture(stream, "global", driver=facade) as cap:
@@ -408,7 +415,7 @@ def test_capture_block_for_new_code(cupy, facade, sim_backend):
     assert sim_backend.stream_is_capturing(stream.handle) == "none"
 
 
-def test_uninstall_is_refused_while_a_capture_is_open(cupy, facade):
+def test_uninstall_is_refused_while_a_capture_is_open(cupy, facade) -> None:
     integration.install(facade)
     stream = cupy.cuda.Stream()
     stream.begin_capture()
@@ -418,7 +425,7 @@ def test_uninstall_is_refused_while_a_capture_is_open(cupy, facade):
     assert integration.uninstall()
 
 
-def test_release_all_frees_a_gate_left_by_an_unended_capture(cupy, facade):
+def test_release_all_frees_a_gate_left_by_an_unended_capture(cupy, facade) -> None:
     integration.install(facade)
     stream = cupy.cuda.Stream()
     stream.begin_capture()
@@ -428,7 +435,9 @@ def test_release_all_frees_a_gate_left_by_an_unended_capture(cupy, facade):
     assert integration.windows.release_all() == []
 
 
-def test_stress_captures_on_many_threads_beside_pool_growth(cupy, facade, sim_backend):
+def test_stress_captures_on_many_threads_beside_pool_growth(
+    cupy, facade, sim_backend: SimBackend
+) -> None:
     # GLOBAL captures on four threads while two threads grow and shrink the pool: every
     # capture survives, no thread starves, and the watchdog (pytest-timeout) sees no hang.
     integration.install(facade)

@@ -65,7 +65,7 @@ def cupy_capture(cupy, x):
     return y
 
 
-def test_a_neighbour_breaks_a_bare_cupy_capture(gpu):
+def test_a_neighbour_breaks_a_bare_cupy_capture(gpu) -> None:
     cupy = pytest.importorskip("cupy")
     x = cupy.arange(1 << 20, dtype=cupy.float32)
     cupy_capture(cupy, x)  # warm: kernels compiled, pool populated
@@ -73,7 +73,7 @@ def test_a_neighbour_breaks_a_bare_cupy_capture(gpu):
         cupy_capture(cupy, x)
 
 
-def test_an_installed_cupy_capture_survives_a_neighbour(gpu):
+def test_an_installed_cupy_capture_survives_a_neighbour(gpu) -> None:
     cupy = pytest.importorskip("cupy")
     with cupy_integration.installed():
         pool = cupy.get_default_memory_pool()
@@ -87,7 +87,7 @@ def test_an_installed_cupy_capture_survives_a_neighbour(gpu):
         pool.free_all_blocks()
 
 
-def test_cupy_capture_block_for_new_code(gpu):
+def test_cupy_capture_block_for_new_code(gpu) -> None:
     cupy = pytest.importorskip("cupy")
     x = cupy.ones(1 << 16, dtype=cupy.float32)
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -108,14 +108,14 @@ def _suite_module():
     return module
 
 
-def test_installed_cuda_core_captures_survive_a_neighbour(gpu):
+def test_installed_cuda_core_captures_survive_a_neighbour(gpu) -> None:
     pytest.importorskip("cuda.core")
     suite = _suite_module()
     with cuda_core_integration.installed(), neighbour(gpu):
         suite.test_three_captures()  # cuda.core's own begin/end_building, hooked
 
 
-def test_a_neighbour_breaks_bare_cuda_core_captures(gpu):
+def test_a_neighbour_breaks_bare_cuda_core_captures(gpu) -> None:
     pytest.importorskip("cuda.core")
     suite = _suite_module()
     # Whichever call notices first: the end of the invalidated capture, or cuda.core's

@@ -62,7 +62,7 @@ def usage_error(result: pytest.RunResult) -> str:
     return lines[0]
 
 
-def test_unknown_name_is_a_one_line_usage_error(run):
+def test_unknown_name_is_a_one_line_usage_error(run) -> None:
     result = run("--capsafe-protect=cupy,tensorflow")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert usage_error(result) == (
@@ -72,7 +72,7 @@ def test_unknown_name_is_a_one_line_usage_error(run):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="CuPy is installed")
-def test_a_framework_that_is_not_installed_is_a_usage_error(pytester, run):
+def test_a_framework_that_is_not_installed_is_a_usage_error(pytester: pytest.Pytester, run) -> None:
     pytester.makepyfile("def test_nothing(): pass\n")
     result = run("--capsafe-protect=cupy")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
@@ -81,7 +81,9 @@ def test_a_framework_that_is_not_installed_is_a_usage_error(pytester, run):
     )
 
 
-def test_protection_lets_a_cupy_capture_survive_the_neighbours(pytester, run):
+def test_protection_lets_a_cupy_capture_survive_the_neighbours(
+    pytester: pytest.Pytester, run
+) -> None:
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(CAPTURE_TEST)
     bare = run("--capsafe-neighbors", "2")
@@ -92,7 +94,7 @@ def test_protection_lets_a_cupy_capture_survive_the_neighbours(pytester, run):
     assert "capsafe: protect=cupy" in protected.stdout.str()
 
 
-def test_a_capture_left_open_by_a_test_is_released_after_it(pytester, run):
+def test_a_capture_left_open_by_a_test_is_released_after_it(pytester: pytest.Pytester, run) -> None:
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(
         """
@@ -118,7 +120,7 @@ def test_a_capture_left_open_by_a_test_is_released_after_it(pytester, run):
     assert "the test left a capture open (CuPy stream" in result.stdout.str()
 
 
-def test_importing_the_integrations_imports_no_framework():
+def test_importing_the_integrations_imports_no_framework() -> None:
     code = (
         "import sys, capsafe.integrations.cupy, capsafe.integrations.cuda_core, "
         "capsafe_harness.protect, capsafe_harness.plugin\n"
@@ -129,7 +131,7 @@ def test_importing_the_integrations_imports_no_framework():
     assert out.stdout.strip() == "[]"
 
 
-def test_the_plugin_without_the_option_imports_no_integration():
+def test_the_plugin_without_the_option_imports_no_integration() -> None:
     code = (
         "import sys, capsafe_harness.plugin\n"
         "print([m for m in sys.modules if m.startswith('capsafe.integrations')])"
@@ -138,7 +140,7 @@ def test_the_plugin_without_the_option_imports_no_integration():
     assert out.stdout.strip() == "[]"
 
 
-def test_a_method_of_an_immutable_extension_type_is_replaced_and_restored():
+def test_a_method_of_an_immutable_extension_type_is_replaced_and_restored() -> None:
     graph = pytest.importorskip("cuda.core.graph")
     cls = graph.GraphBuilder
     with pytest.raises(TypeError):
@@ -167,7 +169,9 @@ def _summary(directory: Path, tests: list[tuple[str, str, list[str]]], *pytest_a
     return directory
 
 
-def test_survival_lists_each_capture_unsafe_test_and_whether_it_passed_protected(tmp_path, capsys):
+def test_survival_lists_each_capture_unsafe_test_and_whether_it_passed_protected(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     before = _summary(
         tmp_path / "bare",
         [
@@ -197,7 +201,7 @@ def test_survival_lists_each_capture_unsafe_test_and_whether_it_passed_protected
     assert protect.main([]) == 2
 
 
-def test_a_second_sweep_without_protection_gives_no_verdict(tmp_path):
+def test_a_second_sweep_without_protection_gives_no_verdict(tmp_path: Path) -> None:
     before = _summary(tmp_path / "bare", [("t.py::a", "capture-unsafe", [])])
     after = _summary(tmp_path / "again", [("t.py::a", "pass", [])], "--capsafe-protect", "")
     ((_, _, now, runs),) = protect.survival(before, after)
@@ -209,7 +213,7 @@ def test_a_second_sweep_without_protection_gives_no_verdict(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_sweeps_of_the_cuda_core_suite_without_and_with_protection(tmp_path):
+def test_sweeps_of_the_cuda_core_suite_without_and_with_protection(tmp_path: Path) -> None:
     sweep = [sys.executable, "-m", "capsafe.cli", "sweep", str(SUITES / "cuda_core_capture"),
              "--runs", "1", "--workers", "0", "--seed", "3", "--isolation-runs", "1",
              "--neighbors", "2", "--timeout", "20", "--no-progress"]  # fmt: skip

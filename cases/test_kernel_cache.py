@@ -104,7 +104,7 @@ def test_disabled_cache_compiles_every_time(tmp_path: Path) -> None:
 
 
 def test_compile_errors_propagate_and_publish_nothing(cache: KernelCache) -> None:
-    def broken():
+    def broken() -> None:
         raise RuntimeError("bad source")
 
     with pytest.raises(RuntimeError, match="bad source"):
@@ -201,7 +201,7 @@ def test_symlink_at_temp_path_is_never_written_through(
 
 
 def _raise(code: int):
-    def fail(*args, **kwargs):
+    def fail(*args, **kwargs) -> None:
         raise OSError(code, os.strerror(code))
 
     return fail

@@ -25,13 +25,13 @@ def sim_process_driver():
     return driver.get()
 
 
-def test_kinds_cover_every_capture_breaking_row_they_can():
+def test_kinds_cover_every_capture_breaking_row_they_can() -> None:
     rows = {BY_NAME[n].row for n in nb.issued_calls()}
     skipped = {BY_NAME[n].row for n in nb.NOT_ISSUED}
     assert rows | skipped == hazards.CAPTURE_BREAKING_CALLS and not rows & skipped
 
 
-def test_parse_calls_names_the_known_kinds():
+def test_parse_calls_names_the_known_kinds() -> None:
     assert nb.parse_calls(" ctx_sync,mem_alloc,ctx_sync ") == ("ctx_sync", "mem_alloc")
     with pytest.raises(
         ValueError, match=r"unknown call kind.*mem_aloc.*neighbours make: mem_alloc"
@@ -41,7 +41,7 @@ def test_parse_calls_names_the_known_kinds():
         nb.parse_calls(" , ")
 
 
-def test_restricted_neighbours_make_only_their_kinds(sim_process_driver):
+def test_restricted_neighbours_make_only_their_kinds(sim_process_driver) -> None:
     n = nb.Neighbors(2, ["ctx_sync"])
     n.start()
     time.sleep(0.1)
@@ -50,7 +50,7 @@ def test_restricted_neighbours_make_only_their_kinds(sim_process_driver):
     assert not status.problems and status.backend == "sim"
 
 
-def test_own_driver_errors_are_counted_per_kind(sim_process_driver):
+def test_own_driver_errors_are_counted_per_kind(sim_process_driver) -> None:
     raw = driver.get(gated=False)
     stream = raw.stream_create(nonblocking=True)
     n = nb.Neighbors(1, ["mem_alloc", "memset_sync"])
@@ -70,7 +70,7 @@ def test_own_driver_errors_are_counted_per_kind(sim_process_driver):
 
 
 @pytest.mark.timeout(30)
-def test_a_stuck_neighbour_is_reported_and_stop_returns(sim_process_driver):
+def test_a_stuck_neighbour_is_reported_and_stop_returns(sim_process_driver) -> None:
     gated = driver.get()
     stream = gated.stream_create(nonblocking=True)
     gated.stream_begin_capture(stream, CaptureMode.GLOBAL)  # holds the gate: neighbours wait
@@ -87,8 +87,8 @@ def test_a_stuck_neighbour_is_reported_and_stop_returns(sim_process_driver):
         gated.stream_destroy(stream)
 
 
-def test_unavailable_neighbours_say_why(monkeypatch):
-    def refuse(ordinal: int = 0):
+def test_unavailable_neighbours_say_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(ordinal: int = 0) -> None:
         raise BackendUnavailable("CAPSAFE_BACKEND=cuda but no NVIDIA driver")
 
     monkeypatch.setattr(context, "device", refuse)
@@ -98,7 +98,7 @@ def test_unavailable_neighbours_say_why(monkeypatch):
     assert "BackendUnavailable" in n.status.unavailable and not n._threads
 
 
-def test_status_files_round_trip(tmp_path):
+def test_status_files_round_trip(tmp_path: Path) -> None:
     status = nb.NeighborStatus(2, ("ctx_sync",), backend="sim")
     status.driver_errors["ctx_sync"] += 3
     nb.write_status(nb.status_path(tmp_path, "run-1", "gw0"), status)
@@ -111,7 +111,7 @@ SUITES = Path(__file__).resolve().parent.parent / "repro" / "suites"
 
 
 @pytest.fixture
-def run_capture_suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path):
+def run_capture_suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     """The planted capture suite in a subprocess with only this plugin loaded; returns
     (result, rows by node id, the one neighbour status file)."""
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
@@ -128,27 +128,29 @@ def run_capture_suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
     return run
 
 
-def test_neighbours_limited_to_a_kind_the_capture_survives(run_capture_suite):
+def test_neighbours_limited_to_a_kind_the_capture_survives(run_capture_suite) -> None:
     # A GLOBAL capture on a nonblocking stream lets other threads' synchronous memsets by.
     result, _, (status,) = run_capture_suite("--capsafe-neighbor-calls=memset_sync")
     result.assert_outcomes(passed=2)
     assert set(status["steps"]) == {"memset_sync"}
 
 
-def test_neighbours_limited_to_a_breaking_kind(run_capture_suite):
+def test_neighbours_limited_to_a_breaking_kind(run_capture_suite) -> None:
     result, rows, (status,) = run_capture_suite("--capsafe-neighbor-calls=ctx_sync")
     result.assert_outcomes(passed=1, failed=1)
     assert rows["test_capture.py::test_raw_global_capture"]["signals"] == ["capture-invalidated"]
     assert set(status["steps"]) | set(status["driver_errors"]) == {"ctx_sync"}
 
 
-def test_unknown_kind_is_a_usage_error(run_capture_suite):
+def test_unknown_kind_is_a_usage_error(run_capture_suite) -> None:
     result, _, _ = run_capture_suite("--capsafe-neighbor-calls=ctx_synch")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "unknown call kind(s) ctx_synch" in result.stderr.str()
 
 
-def test_neighbours_that_cannot_start_fail_every_test(run_capture_suite, monkeypatch):
+def test_neighbours_that_cannot_start_fail_every_test(
+    run_capture_suite, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("CAPSAFE_BACKEND", "no-such-backend")
     result, _, (status,) = run_capture_suite()
     result.assert_outcomes(errors=2)
@@ -158,7 +160,9 @@ def test_neighbours_that_cannot_start_fail_every_test(run_capture_suite, monkeyp
 
 @pytest.mark.slow
 @pytest.mark.timeout(60)
-def test_neighbours_stuck_behind_a_capture_never_hang_the_process(pytester, monkeypatch, tmp_path):
+def test_neighbours_stuck_behind_a_capture_never_hang_the_process(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     # The test opens a gated capture and never ends it: the neighbours wait at the gate for
     # good. The session still ends, says which threads did not stop, and the process exits.
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")

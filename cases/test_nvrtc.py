@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from capsafe import nvrtc
+from capsafe.backend import Backend
 from capsafe.backend_cuda import NvrtcCompileError, NvrtcOutput
 from capsafe.errors import CudaError, UsageError
 from capsafe.kernel_cache import KernelCache, cache_key
@@ -239,7 +240,7 @@ def fake_compiler(calls: list[str]):
     return compile
 
 
-def _load(backend, cache: KernelCache, calls: list[str]) -> nvrtc.LoadedModule:
+def _load(backend: Backend, cache: KernelCache, calls: list[str]) -> nvrtc.LoadedModule:
     spec = KernelSpec(SOURCE, headers={"scale.h": "#define SCALE 2.0f\n"})
     artifact = nvrtc.compile_spec(
         spec,

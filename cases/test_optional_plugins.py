@@ -27,7 +27,7 @@ def installed(monkeypatch: pytest.MonkeyPatch):
     optional_plugins._installed.cache_clear()
 
 
-def test_blocked_only_when_installed_and_not_used(installed):
+def test_blocked_only_when_installed_and_not_used(installed) -> None:
     installed(True)
     assert quiet_plugin_args(1) == ["-p", "no:run-parallel"]
     assert quiet_plugin_args(4) == []  # --threads 4 needs it

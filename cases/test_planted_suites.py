@@ -31,7 +31,7 @@ def sweep_args(options: dict) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.timeout(300)  # cleaners: 12 victims verified K times each, ~30 s alone, 3x in CI
 @pytest.mark.parametrize("key_path", KEYS, ids=[k.parent.name for k in KEYS])
-def test_sweep_matches_the_answer_key(key_path, tmp_path):
+def test_sweep_matches_the_answer_key(key_path, tmp_path: Path) -> None:
     key = json.loads(key_path.read_text())
     out = tmp_path / "report"
     done = subprocess.run(
@@ -57,14 +57,14 @@ def test_sweep_matches_the_answer_key(key_path, tmp_path):
             assert search["replays"] <= math.ceil(math.log2(n)) + 3, search
 
 
-def test_every_planted_suite_has_a_key():
+def test_every_planted_suite_has_a_key() -> None:
     suites = [p for p in SUITES.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))]
     assert {p.parent for p in KEYS} == set(suites)
 
 
 @pytest.mark.power  # 10 sweeps of 12 runs (up to an hour on 2 cores): `pytest -m power`
 @pytest.mark.timeout(3000)
-def test_victims_hidden_by_cleaners_are_all_found_in_9_of_10_seeds(tmp_path):
+def test_victims_hidden_by_cleaners_are_all_found_in_9_of_10_seeds(tmp_path: Path) -> None:
     """Problem 7 of issue 10: one polluter, a dozen victims, a dozen cleaners. A victim
     fails only in a run where no cleaner ran between the polluter and it in its worker;
     once one is explained, the verified polluter is tried on its module siblings."""

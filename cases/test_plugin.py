@@ -56,7 +56,9 @@ def collected(pytester: pytest.Pytester, *args: str) -> list[str]:
     return [line for line in result.outlines if "::" in line]
 
 
-def test_records_have_every_key_and_true_positions(pytester: pytest.Pytester, tmp_path: Path):
+def test_records_have_every_key_and_true_positions(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
     pytester.makepyfile(
         test_rec="""
         import pytest
@@ -90,7 +92,7 @@ def test_records_have_every_key_and_true_positions(pytester: pytest.Pytester, tm
     assert by_id["test_skipped"]["outcome"] == "skipped"
 
 
-def test_no_options_register_nothing_per_test(pytester: pytest.Pytester):
+def test_no_options_register_nothing_per_test(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         "def test_x(request):\n"
         "    assert not request.config.pluginmanager.get_plugin('capsafe-run')\n"
@@ -100,7 +102,7 @@ def test_no_options_register_nothing_per_test(pytester: pytest.Pytester):
     assert "capsafe:" not in result.stdout.str()
 
 
-def test_shuffle_reproducible_per_seed_and_mode(pytester: pytest.Pytester):
+def test_shuffle_reproducible_per_seed_and_mode(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(**THREE_MODULES)
     plain = collected(pytester)
     first, again = (
@@ -116,7 +118,7 @@ def test_shuffle_reproducible_per_seed_and_mode(pytester: pytest.Pytester):
     assert collected(pytester, "--capsafe-seed=11", "--capsafe-shuffle=none") == plain
 
 
-def test_random_is_reseeded_per_test(pytester: pytest.Pytester, tmp_path: Path):
+def test_random_is_reseeded_per_test(pytester: pytest.Pytester, tmp_path: Path) -> None:
     pytester.makepyfile(
         test_rand=f"""
         import random
@@ -134,7 +136,7 @@ def test_random_is_reseeded_per_test(pytester: pytest.Pytester, tmp_path: Path):
 
 def test_xdist_workers_follow_one_shuffled_order(
     pytester: pytest.Pytester, tmp_path: Path, run_lean
-):
+) -> None:
     pytester.makepyfile(**THREE_MODULES)
     plain = collected(pytester)
     result = run_lean("-n", "2", "--capsafe-seed=random", f"--capsafe-records={tmp_path}")
@@ -150,7 +152,9 @@ def test_xdist_workers_follow_one_shuffled_order(
         assert seen == [n for n in expected if n in seen]  # a subsequence of the one order
 
 
-def test_replay_runs_exactly_the_listed_ids_in_order(pytester: pytest.Pytester, tmp_path: Path):
+def test_replay_runs_exactly_the_listed_ids_in_order(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
     pytester.makepyfile(**THREE_MODULES)
     wanted = ["test_c.py::test_c2", "test_a.py::test_a[3]", "test_b.py::test_b[0]"]
     replay = tmp_path / "replay.txt"
@@ -163,7 +167,7 @@ def test_replay_runs_exactly_the_listed_ids_in_order(pytester: pytest.Pytester, 
     assert [r["nodeid"] for r in rows_by_phase(records)] == wanted
 
 
-def test_replay_refuses_unknown_ids_and_xdist(pytester: pytest.Pytester, tmp_path: Path):
+def test_replay_refuses_unknown_ids_and_xdist(pytester: pytest.Pytester, tmp_path: Path) -> None:
     pytester.makepyfile(**THREE_MODULES)
     replay = tmp_path / "replay.txt"
     replay.write_text("test_a.py::test_a[0]\ntest_a.py::test_gone\n")
@@ -175,7 +179,9 @@ def test_replay_refuses_unknown_ids_and_xdist(pytester: pytest.Pytester, tmp_pat
     result.stderr.fnmatch_lines(["*add -n 0*"])
 
 
-def test_env_leak_is_recorded_only_when_not_restored(pytester: pytest.Pytester, tmp_path: Path):
+def test_env_leak_is_recorded_only_when_not_restored(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
     pytester.makepyfile(
         test_env="""
         import os
@@ -203,7 +209,7 @@ def test_env_leak_is_recorded_only_when_not_restored(pytester: pytest.Pytester, 
 
 def test_signals_come_from_failure_text_and_exception_types(
     pytester: pytest.Pytester, tmp_path: Path
-):
+) -> None:
     pytester.makepyfile(
         test_sig="""
         import time
@@ -234,7 +240,9 @@ def test_signals_come_from_failure_text_and_exception_types(
     }
 
 
-def test_crashed_worker_gets_a_crash_row(pytester: pytest.Pytester, tmp_path: Path, run_lean):
+def test_crashed_worker_gets_a_crash_row(
+    pytester: pytest.Pytester, tmp_path: Path, run_lean
+) -> None:
     pytester.makepyfile(test_die="import os\ndef test_ok(): pass\ndef test_die(): os._exit(1)\n")
     result = run_lean(
         "-n",
@@ -255,7 +263,7 @@ def test_crashed_worker_gets_a_crash_row(pytester: pytest.Pytester, tmp_path: Pa
 
 def test_neighbors_break_raw_captures_not_gated_ones(
     pytester: pytest.Pytester, tmp_path: Path, run_lean
-):
+) -> None:
     suite = SUITES / "capture"
     args = [f"--capsafe-records={tmp_path}", "--rootdir", str(suite), "--capsafe-neighbors=2"]
     result = run_lean(str(suite), *args)
@@ -268,7 +276,7 @@ def test_neighbors_break_raw_captures_not_gated_ones(
     assert calls["test_capture.py::test_protected_capture"]["outcome"] == "passed"
 
 
-def test_plugin_imports_nothing_heavy(pytester: pytest.Pytester, tmp_path: Path, run_lean):
+def test_plugin_imports_nothing_heavy(pytester: pytest.Pytester, tmp_path: Path, run_lean) -> None:
     pytester.makepyfile(
         """
         import sys
@@ -282,7 +290,7 @@ def test_plugin_imports_nothing_heavy(pytester: pytest.Pytester, tmp_path: Path,
     assert len(read_records(tmp_path)) == 3
 
 
-def test_reader_skips_malformed_lines(tmp_path: Path):
+def test_reader_skips_malformed_lines(tmp_path: Path) -> None:
     good = {k: 0 for k in KEYS} | {"phase": "call", "outcome": "passed", "signals": []}
     lines = [
         json.dumps(good),
@@ -302,7 +310,7 @@ def test_reader_skips_malformed_lines(tmp_path: Path):
 
 def test_unusable_records_dir_or_replay_file_is_a_usage_error(
     pytester: pytest.Pytester, tmp_path: Path
-):
+) -> None:
     pytester.makepyfile(test_x="def test_x(): pass\n")
     a_file = tmp_path / "taken"
     a_file.write_text("")
@@ -319,7 +327,7 @@ def test_unusable_records_dir_or_replay_file_is_a_usage_error(
 
 def test_outcomes_messages_and_times_of_every_kind_of_result(
     pytester: pytest.Pytester, tmp_path: Path
-):
+) -> None:
     """Problem 10: skipped, xfailed and xpassed are their own outcomes (not pass), each
     non-pass row carries its first lines and the full text, and every phase its times."""
     pytester.makepyfile(
@@ -371,7 +379,7 @@ def test_outcomes_messages_and_times_of_every_kind_of_result(
 PHASE_ORDER = ("setup", "call", "teardown")
 
 
-def test_rows_of_the_older_format_read_with_defaults(tmp_path: Path):
+def test_rows_of_the_older_format_read_with_defaults(tmp_path: Path) -> None:
     old = {
         "nodeid": "t.py::t", "phase": "call", "outcome": "failed", "duration": 0.5,
         "run_id": "r", "seed": None, "worker": "gw0", "index": 0, "pid": 1,
@@ -382,7 +390,7 @@ def test_rows_of_the_older_format_read_with_defaults(tmp_path: Path):
     assert (row["start"], row["stop"]) == (99.5, 100.0)
 
 
-def test_fold_outcome_puts_failure_first_then_xfail_results_then_skip():
+def test_fold_outcome_puts_failure_first_then_xfail_results_then_skip() -> None:
     assert fold_outcome(["passed", "failed", "skipped"]) == "failed"
     assert fold_outcome(["passed", "xfailed", "passed"]) == "xfailed"
     assert fold_outcome(["skipped", "passed"]) == "skipped"

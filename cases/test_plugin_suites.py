@@ -31,7 +31,7 @@ def collect(suite: Path) -> list[str]:
     return [line for line in out.splitlines() if "::" in line]
 
 
-def test_every_defect_has_a_suite():
+def test_every_defect_has_a_suite() -> None:
     assert set(NAMES) == {
         "brittle", "capture", "capture_polluter", "cleaners", "crash", "cuda_core_capture", "flaky",
         "frozen_config", "hang", "leftover_file", "ordinary", "polluter",
@@ -39,7 +39,7 @@ def test_every_defect_has_a_suite():
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_answer_key_names_collected_tests(name: str):
+def test_answer_key_names_collected_tests(name: str) -> None:
     suite = SUITES / name
     assert (suite / "pytest.ini").exists()
     key = json.loads((suite / "answer_key.json").read_text())
@@ -55,7 +55,7 @@ def test_answer_key_names_collected_tests(name: str):
 
 
 @pytest.mark.parametrize("name", ["polluter", "brittle", "frozen_config", "leftover_file"])
-def test_key_sweep_puts_the_cause_first_in_some_run(name: str):
+def test_key_sweep_puts_the_cause_first_in_some_run(name: str) -> None:
     """With the key's sweep settings (one process per run), at least one run orders the
     polluter or state-setter before its test, so the key's answer is reachable."""
     from capsafe_harness.sweep import run_seeds

@@ -70,7 +70,9 @@ def sweep(tmp_path: Path, *options: str, bypass: bool = True, shadow_cuda: bool 
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-def test_the_report_says_which_capture_unsafe_tests_survive_protection(tmp_path, capsys):
+def test_the_report_says_which_capture_unsafe_tests_survive_protection(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     done, out, tests, protected = sweep(tmp_path, "--protect", "cupy")
     assert done.returncode == 1, done.stderr
     hooked, bypass = tests[HOOKED]["capture"], tests[BYPASS]["capture"]
@@ -104,7 +106,7 @@ def test_the_report_says_which_capture_unsafe_tests_survive_protection(tmp_path,
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 @pytest.mark.skipif(installed("cupy"), reason="CuPy is installed: auto would find it")
-def test_auto_with_no_framework_importable_gives_no_verdict(tmp_path):
+def test_auto_with_no_framework_importable_gives_no_verdict(tmp_path: Path) -> None:
     # The fake CuPy exists only inside the suite's test processes (its conftest), and the
     # suite's own `cuda` module hides cuda.core: the suite's interpreter finds no framework,
     # so no integration applies and nothing is rerun.
@@ -121,7 +123,7 @@ def test_auto_with_no_framework_importable_gives_no_verdict(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-def test_protect_none_does_no_protected_reruns(tmp_path):
+def test_protect_none_does_no_protected_reruns(tmp_path: Path) -> None:
     done, _, tests, protected = sweep(tmp_path, "--protect", "none", bypass=False)
     assert done.returncode == 1, done.stderr
     capture = tests[HOOKED]["capture"]
@@ -129,7 +131,7 @@ def test_protect_none_does_no_protected_reruns(tmp_path):
     assert capture["protection"] == "with protection: not rerun (--protect none)"
 
 
-def test_an_unknown_protect_value_is_a_one_line_usage_error(tmp_path):
+def test_an_unknown_protect_value_is_a_one_line_usage_error(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "capsafe.cli", "sweep", str(tmp_path), "--out",
          str(tmp_path / "out"), "--protect", "cupy,torch"],

@@ -86,7 +86,7 @@ def _verdicts(out: Path) -> dict[str, tuple[str, list[str], list[str]]]:
 
 
 @pytest.mark.timeout(150)
-def test_ray_sweep_classifies_every_test_as_the_local_one(ray_address, tmp_path):
+def test_ray_sweep_classifies_every_test_as_the_local_one(ray_address, tmp_path: Path) -> None:
     suite = SUITES / "polluter"
     options = ["--runs", "2", "--workers", "0", "--seed", "3", "--isolation-runs", "1"]
     local = _sweep(suite, tmp_path / "local", *options)
@@ -104,7 +104,9 @@ def test_ray_sweep_classifies_every_test_as_the_local_one(ray_address, tmp_path)
 
 
 @pytest.mark.timeout(120)
-def test_a_worker_lost_twice_is_a_crash_of_its_test_on_that_node(ray_address, tmp_path):
+def test_a_worker_lost_twice_is_a_crash_of_its_test_on_that_node(
+    ray_address, tmp_path: Path
+) -> None:
     suite = tmp_path / "suite"
     suite.mkdir()
     (suite / "test_killer.py").write_text(KILL_WORKER + EVERY_TIME)
@@ -126,7 +128,9 @@ def test_a_worker_lost_twice_is_a_crash_of_its_test_on_that_node(ray_address, tm
 
 
 @pytest.mark.timeout(60)
-def test_a_worker_lost_once_is_run_again_and_only_the_rerun_counts(ray_address, tmp_path):
+def test_a_worker_lost_once_is_run_again_and_only_the_rerun_counts(
+    ray_address, tmp_path: Path
+) -> None:
     suite = tmp_path / "suite"
     suite.mkdir()
     (suite / "test_killer.py").write_text(KILL_WORKER + ONCE)
@@ -150,7 +154,7 @@ def test_a_worker_lost_once_is_run_again_and_only_the_rerun_counts(ray_address, 
     assert log.splitlines()[1].startswith("capsafe: run-1 runs on Ray node ")  # after the note
 
 
-def test_without_ray_installed_the_sweep_says_so_in_one_line(tmp_path):
+def test_without_ray_installed_the_sweep_says_so_in_one_line(tmp_path: Path) -> None:
     hidden = tmp_path / "hidden"
     hidden.mkdir()
     (hidden / "ray.py").write_text("raise ImportError('ray is not installed here')\n")
@@ -164,7 +168,7 @@ def test_without_ray_installed_the_sweep_says_so_in_one_line(tmp_path):
     assert done.stderr.strip().splitlines() == [f"capsafe sweep: {NOT_INSTALLED}"]
 
 
-def test_an_unreachable_address_is_one_line(tmp_path):
+def test_an_unreachable_address_is_one_line(tmp_path: Path) -> None:
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -177,7 +181,9 @@ def test_an_unreachable_address_is_one_line(tmp_path):
     ]
 
 
-def test_gpus_on_a_cluster_without_any_is_one_line(ray_address, monkeypatch):
+def test_gpus_on_a_cluster_without_any_is_one_line(
+    ray_address, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import ray
 
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
@@ -188,7 +194,7 @@ def test_gpus_on_a_cluster_without_any_is_one_line(ray_address, monkeypatch):
 
 
 @pytest.mark.timeout(120)
-def test_each_ray_task_is_pinned_to_the_gpu_ray_gave_it(ray_address, tmp_path):
+def test_each_ray_task_is_pinned_to_the_gpu_ray_gave_it(ray_address, tmp_path: Path) -> None:
     suite = write_suite(tmp_path / "suite")
     out = tmp_path / "report"
     done = _sweep(suite, out, "--runs", "1", "--workers", "2", "--isolation-runs", "2",
@@ -214,7 +220,7 @@ def test_sleeps():
 
 
 @pytest.mark.timeout(90)
-def test_ctrl_c_cancels_the_task_and_kills_its_test_process(ray_address, tmp_path):
+def test_ctrl_c_cancels_the_task_and_kills_its_test_process(ray_address, tmp_path: Path) -> None:
     suite = tmp_path / "suite"
     suite.mkdir()
     (suite / "test_sleeper.py").write_text(SLEEPER)
@@ -260,11 +266,13 @@ class _LostAfterOneTest:
         (launch.records / "records-replay-1-main-7.jsonl").write_text(text)
         return Exit(-9, lost="lost with Ray node n1 (NodeDiedError), run 2 times")
 
-    def kill_all(self):
+    def kill_all(self) -> None:
         pass
 
 
-def test_a_lost_replay_without_a_row_in_flight_crashes_its_first_unfinished_test(tmp_path):
+def test_a_lost_replay_without_a_row_in_flight_crashes_its_first_unfinished_test(
+    tmp_path: Path,
+) -> None:
     options = SweepOptions(paths=(tmp_path,), out=tmp_path / "out", seed=1, gpus=("3",))
     runner = Runner(options, tmp_path / "raw", executor=_LostAfterOneTest())
     replay = tmp_path / "replay.txt"

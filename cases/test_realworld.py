@@ -99,7 +99,9 @@ def reproduces(
 
 
 @pytest.mark.parametrize("case", _cases(), ids=[c["name"] for c in _cases()])
-def test_the_sweep_classifies_the_case_as_its_key_says(case: dict, wheel: Path, tmp_path: Path):
+def test_the_sweep_classifies_the_case_as_its_key_says(
+    case: dict, wheel: Path, tmp_path: Path
+) -> None:
     with tarfile.open(SHARED / case["archive"]) as archive:
         archive.extractall(tmp_path / "src", filter="data")
     root = tmp_path / "src"  # a `git archive`: the repository's files at the top

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -58,7 +59,7 @@ GRID = {
 RUNS = ["run-1", "run-2", "run-3", "run-4"]
 
 
-def test_write_reports_writes_every_file(tmp_path):
+def test_write_reports_writes_every_file(tmp_path: Path) -> None:
     rows = [{"nodeid": "t.py::test_ok", "phase": "call", "outcome": "passed", "duration": 0.0,
              "run_id": "run-1", "seed": 1, "worker": "gw0", "index": 0, "pid": 1,
              "signals": [], "message": "", "time": 0.0}]  # fmt: skip
@@ -75,7 +76,7 @@ def test_write_reports_writes_every_file(tmp_path):
     assert {"ci_low", "ci_high", "isolation_failures", "replay"} <= set(victim)
 
 
-def test_html_is_self_contained_and_escaped():
+def test_html_is_self_contained_and_escaped() -> None:
     page = render_html(summary(TESTS), GRID, RUNS, [])
     assert "http://" not in page and "https://" not in page
     assert "<script" not in page and "<link" not in page
@@ -83,7 +84,7 @@ def test_html_is_self_contained_and_escaped():
     assert "<svg" in page  # flake-rate bars with their interval whiskers
 
 
-def test_html_sorts_worst_first_and_shows_causes_and_heat_map():
+def test_html_sorts_worst_first_and_shows_causes_and_heat_map() -> None:
     page = render_html(summary(TESTS), GRID, RUNS, [])
     table = page[page.index("Tests, worst first") : page.index("passing tests</summary>")]
     order = [table.index(n) for n in ("test_boom", "test_victim", "test_needs_setup", "test_coin")]
@@ -95,14 +96,14 @@ def test_html_sorts_worst_first_and_shows_causes_and_heat_map():
     assert "4 of 6 tests need attention" in page or "need attention" in page
 
 
-def test_all_passing_page_says_so():
+def test_all_passing_page_says_so() -> None:
     tests = [entry("a.py::t"), entry("a.py::u")]
     page = render_html(summary(tests), {"a.py::t": ["pass"] * 4}, RUNS, [])
     assert "All 2 tests pass." in page
     assert "Polluter" not in page
 
 
-def test_notes_and_searches_are_shown():
+def test_notes_and_searches_are_shown() -> None:
     s = summary(TESTS, searches=[{"victim": "t.py::test_victim", "candidates": 16,
                                   "replays": 7}], notes=["budget of 5s spent"])  # fmt: skip
     page = render_html(s, GRID, RUNS, [])
@@ -113,7 +114,7 @@ def test_notes_and_searches_are_shown():
     assert "order-dependent" in md and "after t.py::test_polluter" in md
 
 
-def test_trend_sparklines_come_from_history(tmp_path):
+def test_trend_sparklines_come_from_history(tmp_path: Path) -> None:
     path = tmp_path / "history.csv"
     for i, rate in enumerate([0.0, 0.25, 0.5]):
         append(path, f"s{i}", f"2026-01-0{i + 1}", [
@@ -123,7 +124,7 @@ def test_trend_sparklines_come_from_history(tmp_path):
     assert "<polyline" in page and "not passing, last 3 sweeps" in page
 
 
-def test_pairs_and_search_bound():
+def test_pairs_and_search_bound() -> None:
     found = pairs(TESTS)
     assert ("polluter", ["t.py::test_polluter"], "t.py::test_victim") in found
     assert ("state-setter", ["t.py::test_setup"], "t.py::test_needs_setup") in found
@@ -133,7 +134,7 @@ def test_pairs_and_search_bound():
 # ---------------------------------------------------------------- history
 
 
-def test_history_appends_and_tracks_first_and_last_seen(tmp_path):
+def test_history_appends_and_tracks_first_and_last_seen(tmp_path: Path) -> None:
     path = tmp_path / "history.csv"
     v = history.Verdict
     append(path, "a", "T1", [v("x", "pass", 5, 0, 0.0), v("y", "flaky", 5, 1, 0.2)])
@@ -149,7 +150,7 @@ def test_history_appends_and_tracks_first_and_last_seen(tmp_path):
         assert f.readline().strip().split(",") == list(history.COLUMNS)
 
 
-def test_latest_is_a_relative_symlink_that_moves(tmp_path):
+def test_latest_is_a_relative_symlink_that_moves(tmp_path: Path) -> None:
     first, second = tmp_path / "s1", tmp_path / "s2"
     first.mkdir()
     second.mkdir()
@@ -158,11 +159,11 @@ def test_latest_is_a_relative_symlink_that_moves(tmp_path):
     assert latest.is_symlink() and os.readlink(latest) == "s2"
 
 
-def test_latest_falls_back_to_a_text_file(tmp_path, monkeypatch):
+def test_latest_falls_back_to_a_text_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "s1"
     out.mkdir()
 
-    def refuse(*args, **kwargs):
+    def refuse(*args, **kwargs) -> None:
         raise OSError("symlinks not allowed here")
 
     monkeypatch.setattr(history.os, "symlink", refuse)
@@ -171,13 +172,15 @@ def test_latest_falls_back_to_a_text_file(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("bad", ["nodeid,flake_rate\nx,notanumber\n", ""])
-def test_trends_skip_unreadable_rates(tmp_path, bad):
+def test_trends_skip_unreadable_rates(tmp_path: Path, bad) -> None:
     path = tmp_path / "history.csv"
     path.write_text(bad)
     assert tables.trends(history.read_history(path)) == {}
 
 
-def test_history_row_cut_short_is_dropped_and_the_next_sweep_starts_a_new_line(tmp_path):
+def test_history_row_cut_short_is_dropped_and_the_next_sweep_starts_a_new_line(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "history.csv"
     v = history.Verdict
     append(path, "a", "T1", [v("x", "flaky", 5, 1, 0.2)])
@@ -191,7 +194,9 @@ def test_history_row_cut_short_is_dropped_and_the_next_sweep_starts_a_new_line(t
 @pytest.mark.parametrize(
     "content", [b"\xff\xfe\x00\x01 binary junk\n", b"nodeid,flake_rate\nx,0.5\n"]
 )
-def test_history_that_is_not_a_history_file_is_refused_untouched_and_set_aside(tmp_path, content):
+def test_history_that_is_not_a_history_file_is_refused_untouched_and_set_aside(
+    tmp_path: Path, content
+) -> None:
     path = tmp_path / "history.csv"
     path.write_bytes(content)
     with pytest.raises(history.HistoryError, match=r"history\.csv"):
@@ -203,7 +208,7 @@ def test_history_that_is_not_a_history_file_is_refused_untouched_and_set_aside(t
     assert history.set_aside(path) != aside and aside.exists()
 
 
-def test_latest_that_is_a_real_directory_is_left_alone(tmp_path):
+def test_latest_that_is_a_real_directory_is_left_alone(tmp_path: Path) -> None:
     out = tmp_path / "s1"
     out.mkdir()
     (tmp_path / "latest").mkdir()
@@ -213,7 +218,7 @@ def test_latest_that_is_a_real_directory_is_left_alone(tmp_path):
     assert (tmp_path / "latest" / "keep.txt").read_text() == "mine"
 
 
-def test_latest_that_is_a_file_becomes_the_link(tmp_path):
+def test_latest_that_is_a_file_becomes_the_link(tmp_path: Path) -> None:
     out = tmp_path / "s1"
     out.mkdir()
     (tmp_path / "latest").write_text("stale\n")
@@ -258,7 +263,7 @@ REPORT_TESTS = [
 ]  # fmt: skip
 
 
-def test_outcomes_by_test_folds_attempts_and_keeps_the_latest_message():
+def test_outcomes_by_test_folds_attempts_and_keeps_the_latest_message() -> None:
     rows = [*REPORT_ROWS, *phases("t.py::test_boom[<b>]", "passed", run="run-0")]
     found = tables.outcomes_by_test(rows)
     assert found.loc["t.py::test_boom[<b>]", "outcome"] == "failed"
@@ -274,13 +279,15 @@ def test_outcomes_by_test_folds_attempts_and_keeps_the_latest_message():
     assert tables.outcomes_by_test([]).empty
 
 
-def report_files(tmp_path):
+def report_files(tmp_path: Path):
     rows = [r for r in REPORT_ROWS if r["run_id"] == "run-1"]
     write_reports(tmp_path, summary(REPORT_TESTS), rows, {}, ["run-1"], [])
     return (tmp_path / "report.md").read_text(), (tmp_path / "report.html").read_text()
 
 
-def test_reports_show_every_failure_message_first_lines_and_full_output_folded(tmp_path):
+def test_reports_show_every_failure_message_first_lines_and_full_output_folded(
+    tmp_path: Path,
+) -> None:
     md, page = report_files(tmp_path)
     assert "### `t.py::test_boom[<b>]` (fail)" in md
     assert "```text\nassert 2 == 3\n+  where 2 = compute()\n```" in md
@@ -290,7 +297,7 @@ def test_reports_show_every_failure_message_first_lines_and_full_output_folded(t
     assert "&lt;b&gt;" in page and "<b>]" not in page  # node ids and output escaped
 
 
-def test_reports_show_skipped_xfailed_xpassed_as_their_own_outcomes(tmp_path):
+def test_reports_show_skipped_xfailed_xpassed_as_their_own_outcomes(tmp_path: Path) -> None:
     md, page = report_files(tmp_path)
     assert "Outcomes of the tests classed pass: passed 1 · skipped 1 · xfailed 1 · xpassed 1" in md
     assert "| `t.py::test_skip` | skipped | skipped 1 | Skipped: needs a GPU |" in md
@@ -307,7 +314,7 @@ def test_reports_show_skipped_xfailed_xpassed_as_their_own_outcomes(tmp_path):
                        "t.py::test_fixed": "xpassed"}  # fmt: skip
 
 
-def test_reports_show_env_leaks_of_passing_tests_with_both_values(tmp_path):
+def test_reports_show_env_leaks_of_passing_tests_with_both_values(tmp_path: Path) -> None:
     md, page = report_files(tmp_path)
     assert "| `t.py::test_ok` | pass | `CUDA_VISIBLE_DEVICES` | `0` | `1` |" in md
     assert "| `t.py::test_ok` | pass | `CAPSAFE_X` | unset | `on` |" in md
@@ -318,7 +325,7 @@ def test_reports_show_env_leaks_of_passing_tests_with_both_values(tmp_path):
     assert leaks["t.py::test_ok"] == "CAPSAFE_X: unset -> 'on';CUDA_VISIBLE_DEVICES: '0' -> '1'"
 
 
-def test_a_message_with_backtick_fences_stays_inside_its_block():
+def test_a_message_with_backtick_fences_stays_inside_its_block() -> None:
     t = entry("t.py::t", "fail", failures=4, replay="r", message="```\nnot the end")
     md = render_markdown(summary([t]))
     assert "````text\n```\nnot the end\n````" in md
@@ -328,8 +335,8 @@ def test_a_message_with_backtick_fences_stays_inside_its_block():
 
 
 def test_history_is_keyed_by_suite_so_siblings_sharing_a_reports_dir_keep_their_own_trend(
-    tmp_path,
-):
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "history.csv"
     v = history.Verdict
     append(path, "a1", "T1", [v("tests/test_x.py::t", "flaky", 4, 1, 0.25)], suite="/p/a")
@@ -345,7 +352,7 @@ def test_history_is_keyed_by_suite_so_siblings_sharing_a_reports_dir_keep_their_
     assert len(history.read_history(path)) == 4
 
 
-def test_history_of_the_older_format_is_kept_with_an_unknown_suite(tmp_path):
+def test_history_of_the_older_format_is_kept_with_an_unknown_suite(tmp_path: Path) -> None:
     path = tmp_path / "history.csv"
     path.write_text(",".join(history.OLDER_COLUMNS) + "\nold,T0,x,flaky,4,1,0.25,T0,T0\n")
     rows = append(path, "new", "T1", [history.Verdict("x", "pass", 4, 0, 0.0)], suite="/p")
@@ -354,12 +361,16 @@ def test_history_of_the_older_format_is_kept_with_an_unknown_suite(tmp_path):
     assert [(r["suite"], r["sweep_id"]) for r in kept] == [("", "old"), ("/p", "new")]
 
 
-def test_suite_key_is_the_absolute_paths_swept(tmp_path, monkeypatch):
+def test_suite_key_is_the_absolute_paths_swept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     assert history.suite_key(["b", "a"]) == f"{tmp_path / 'a'} {tmp_path / 'b'}"
 
 
-def test_reports_give_the_sweeps_words_and_detection_chance_for_each_verdict(tmp_path):
+def test_reports_give_the_sweeps_words_and_detection_chance_for_each_verdict(
+    tmp_path: Path,
+) -> None:
     t = entry("t.py::t", "parallel-unsafe", failures=2, replay="r", message="boom",
               why="failed 2 of 4 suite runs beside other workers; passed alone 3 of 3",
               detection_chance=0.9375, concurrent=["t.py::other"])  # fmt: skip

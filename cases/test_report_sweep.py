@@ -35,7 +35,7 @@ SUITE = """
 """
 
 
-def test_sweep_report_shows_messages_outcomes_and_env_leaks(tmp_path: Path):
+def test_sweep_report_shows_messages_outcomes_and_env_leaks(tmp_path: Path) -> None:
     suite = tmp_path / "suite"
     suite.mkdir()
     (suite / "pytest.ini").write_text("[pytest]\n")

@@ -12,7 +12,9 @@ from capsafe.handles import CaptureMode, StreamKind
 from capsafe_repro import cli, hazard_matrix
 
 
-def test_unwritable_json_path_is_one_line_and_exit_2(tmp_path: Path, capsys) -> None:
+def test_unwritable_json_path_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "taken").write_text("")
     target = tmp_path / "taken" / "result.json"
     assert cli.run_main(lambda: cli.finish({}, target, True), "capsafe_repro.x") == 2
@@ -22,7 +24,9 @@ def test_unwritable_json_path_is_one_line_and_exit_2(tmp_path: Path, capsys) -> 
 
 
 @pytest.mark.parametrize("stdout", ["Segmentation fault?\n", "42\n"])
-def test_a_trial_that_prints_no_result_is_an_error_row(monkeypatch, stdout: str) -> None:
+def test_a_trial_that_prints_no_result_is_an_error_row(
+    monkeypatch: pytest.MonkeyPatch, stdout: str
+) -> None:
     def fake_run(command, **kwargs):
         return subprocess.CompletedProcess(command, 0, stdout=stdout, stderr="")
 

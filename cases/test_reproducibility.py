@@ -43,7 +43,7 @@ def worker_sequences(directory: Path) -> dict[str, list[str]]:
 
 def test_numpy_global_generator_is_reseeded_per_test(
     pytester: pytest.Pytester, tmp_path: Path, run_lean
-):
+) -> None:
     pytest.importorskip("numpy")
     draws = tmp_path / "draws"
     pytester.makepyfile(
@@ -70,7 +70,7 @@ def test_numpy_global_generator_is_reseeded_per_test(
 
 def test_registered_random_seeders_get_the_per_test_seed(
     pytester: pytest.Pytester, tmp_path: Path, run_lean
-):
+) -> None:
     """A generator registered for pytest-randomly (`pytest_randomly.random_seeder`) is reseeded
     before every phase of every test, with a value fixed by (seed, node id)."""
     log = tmp_path / "seeds"
@@ -109,7 +109,7 @@ def test_t(i):
 
 def test_seed_fixes_which_worker_runs_which_test(
     pytester: pytest.Pytester, tmp_path: Path, run_lean, monkeypatch: pytest.MonkeyPatch
-):
+) -> None:
     """Same seed, same -n: the same per-worker sequences, however long each test takes
     (xdist's load scheduler hands the next test to whichever worker is free first)."""
     pytester.makepyfile(test_slow=SLOW_SUITE)
@@ -134,7 +134,7 @@ def test_seed_fixes_which_worker_runs_which_test(
 
 def test_a_crashed_workers_remaining_tests_go_in_order_to_its_replacement(
     pytester: pytest.Pytester, tmp_path: Path, run_lean
-):
+) -> None:
     pytester.makepyfile(
         test_crash="""
         import os, pytest
@@ -162,14 +162,14 @@ def test_a_crashed_workers_remaining_tests_go_in_order_to_its_replacement(
     assert runs[0]["gw2"] == [t for t in dealt["gw0"] if t not in (ordered[0], crashed)]
 
 
-def test_deal_is_round_robin_and_covers_every_index_once():
+def test_deal_is_round_robin_and_covers_every_index_once() -> None:
     assert deal(7, 3) == [[0, 3, 6], [1, 4], [2, 5]]
     assert deal(2, 4) == [[0], [1], [], []]
     parts = deal(50, 8)
     assert sorted(i for part in parts for i in part) == list(range(50))
 
 
-def test_seed32_depends_on_every_word_and_fits_numpy():
+def test_seed32_depends_on_every_word_and_fits_numpy() -> None:
     assert seed32(5) == 5
     assert seed32((7 << 32) ^ 9) == 7 ^ 9
     assert seed32(order.per_test_seed(1, "a")) != seed32(order.per_test_seed(2, "a"))

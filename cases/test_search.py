@@ -27,7 +27,7 @@ def names(n: int) -> list[str]:
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13, 64, 100, 257, 1000])
-def test_single_polluter_within_log2_plus_2_replays_wherever_it_is(n):
+def test_single_polluter_within_log2_plus_2_replays_wherever_it_is(n) -> None:
     candidates = names(n)
     for position in {0, n // 3, n // 2, n - 1}:
         polluter = candidates[position]
@@ -38,14 +38,14 @@ def test_single_polluter_within_log2_plus_2_replays_wherever_it_is(n):
         assert result.replays <= math.ceil(math.log2(n)) + 2
 
 
-def test_first_replay_is_the_whole_prefix():
+def test_first_replay_is_the_whole_prefix() -> None:
     log: list[tuple[str, ...]] = []
     candidates = names(10)
     search("v", candidates, needs(candidates[7], log=log))
     assert log[0] == tuple(candidates)
 
 
-def test_pair_of_polluters_needed_together_is_found_by_ddmin():
+def test_pair_of_polluters_needed_together_is_found_by_ddmin() -> None:
     candidates = names(40)
     pair = (candidates[3], candidates[31])  # one in each half: bisection alone cannot
     result = search("v", candidates, needs(*pair))
@@ -53,20 +53,20 @@ def test_pair_of_polluters_needed_together_is_found_by_ddmin():
     assert not result.capped
 
 
-def test_three_polluters_needed_together():
+def test_three_polluters_needed_together() -> None:
     candidates = names(30)
     trio = (candidates[2], candidates[11], candidates[29])
     assert search("v", candidates, needs(*trio)).culprits == trio
 
 
-def test_nothing_reproduces_means_no_culprit_and_one_replay():
+def test_nothing_reproduces_means_no_culprit_and_one_replay() -> None:
     result = search("v", names(16), lambda tests: False)
     assert result.culprits == ()
     assert not result.reproduced
     assert result.replays == 1
 
 
-def test_a_known_cause_is_asked_first_and_ends_the_search():
+def test_a_known_cause_is_asked_first_and_ends_the_search() -> None:
     log: list[tuple[str, ...]] = []
     candidates = names(64)
     pair = (candidates[5], candidates[50])
@@ -75,7 +75,7 @@ def test_a_known_cause_is_asked_first_and_ends_the_search():
     assert log == [("x",), pair]
 
 
-def test_ddmin_stops_at_its_cap_and_says_so():
+def test_ddmin_stops_at_its_cap_and_says_so() -> None:
     candidates = names(112)
     trio = (candidates[1], candidates[60], candidates[111])
     found, capped = capped_ddmin(candidates, needs(*trio), cap=10)
@@ -85,7 +85,7 @@ def test_ddmin_stops_at_its_cap_and_says_so():
     assert capped_ddmin(candidates, needs(*trio), cap=1000) == (list(trio), False)
 
 
-def test_grouped_keeps_modules_and_classes_together_and_the_target_module_last():
+def test_grouped_keeps_modules_and_classes_together_and_the_target_module_last() -> None:
     ids = ["b.py::t1", "a.py::C::x", "b.py::t2", "a.py::y", "a.py::C::z", "c.py::k"]
     assert grouped(ids, "a.py") == [
         "b.py::t1",
@@ -97,7 +97,7 @@ def test_grouped_keeps_modules_and_classes_together_and_the_target_module_last()
     ]
 
 
-def test_state_setter_for_a_brittle_test():
+def test_state_setter_for_a_brittle_test() -> None:
     # Oracle for a brittle test: "it passes" after the setter ran first.
     candidates = names(20)
     setter = candidates[13]
@@ -105,18 +105,18 @@ def test_state_setter_for_a_brittle_test():
     assert result.culprits == (setter,)
 
 
-def test_empty_prefix_asks_nothing():
+def test_empty_prefix_asks_nothing() -> None:
     result = search("v", [], needs("x"))
     assert result.replays == 0 and result.culprits == ()
 
 
-def test_target_is_never_its_own_candidate():
+def test_target_is_never_its_own_candidate() -> None:
     log: list[tuple[str, ...]] = []
     search("v", ["a", "v", "b"], needs("b", log=log))
     assert all("v" not in replay for replay in log)
 
 
-def test_counting_oracle_asks_each_question_once():
+def test_counting_oracle_asks_each_question_once() -> None:
     calls = []
     ask = CountingOracle(lambda tests: calls.append(tests) or True)
     ask(["a"])
@@ -125,13 +125,13 @@ def test_counting_oracle_asks_each_question_once():
     assert ask.replays == 2 and len(calls) == 2
 
 
-def test_ddmin_result_is_one_minimal_and_keeps_order():
+def test_ddmin_result_is_one_minimal_and_keeps_order() -> None:
     candidates = names(25)
     wanted = [candidates[20], candidates[4]]
     found = ddmin(candidates, needs(*wanted))
     assert found == [candidates[4], candidates[20]]
 
 
-def test_bisect_needs_a_candidate():
+def test_bisect_needs_a_candidate() -> None:
     with pytest.raises(ValueError):
         bisect([], needs())

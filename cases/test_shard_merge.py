@@ -68,7 +68,7 @@ def merge(*args: str, cwd: Path) -> tuple[int, str]:
 
 
 @pytest.mark.timeout(240)
-def test_three_shards_merged_classify_as_the_unsharded_sweep(tmp_path):
+def test_three_shards_merged_classify_as_the_unsharded_sweep(tmp_path: Path) -> None:
     suite = tmp_path / "suite"
     suite.mkdir()
     (suite / "pytest.ini").write_text("[pytest]\n")
@@ -147,7 +147,7 @@ def test_three_shards_merged_classify_as_the_unsharded_sweep(tmp_path):
       "processes": {"run-1": {"returncode": 1, "stalled": False}}, "invoked_from": "/"},
      "lacks the records of run-1"),
 ])  # fmt: skip
-def test_bad_shard_directories_are_one_line_usage_errors(tmp_path, write, says):
+def test_bad_shard_directories_are_one_line_usage_errors(tmp_path: Path, write, says) -> None:
     shard = tmp_path / "shard"
     if write is not None:
         shard.mkdir()
@@ -160,7 +160,7 @@ def test_bad_shard_directories_are_one_line_usage_errors(tmp_path, write, says):
     assert "Traceback" not in err
 
 
-def test_shards_deal_out_every_run_and_every_test_once():
+def test_shards_deal_out_every_run_and_every_test_once() -> None:
     shards = [Shard(k, 3) for k in (1, 2, 3)]
     assert sorted(k for s in shards for k in s.runs(7)) == list(range(1, 8))
     assert shards[0].runs(7) == [1, 4, 7]
@@ -176,7 +176,7 @@ def test_shards_deal_out_every_run_and_every_test_once():
             parse_shard(bad)
 
 
-def test_sweep_refuses_a_shard_without_a_seed_or_with_more_shards_than_runs(tmp_path):
+def test_sweep_refuses_a_shard_without_a_seed_or_with_more_shards_than_runs(tmp_path: Path) -> None:
     (tmp_path / "test_a.py").write_text("def test_a():\n    pass\n")
     code, err = finish(capsafe("sweep", "--no-progress", ".", "--shard", "1/2", "--out",
                                str(tmp_path / "o"), cwd=tmp_path))  # fmt: skip
@@ -189,7 +189,7 @@ def test_sweep_refuses_a_shard_without_a_seed_or_with_more_shards_than_runs(tmp_
     assert code == 2 and "N must be at most --runs" in err, err
 
 
-def test_a_shard_the_budget_stopped_is_resumed_before_the_merge(tmp_path):
+def test_a_shard_the_budget_stopped_is_resumed_before_the_merge(tmp_path: Path) -> None:
     (tmp_path / "test_a.py").write_text("def test_a():\n    pass\n")
     shard = tmp_path / "shard-1"
     args = ("sweep", "--no-progress", ".", "--runs", "4", "--workers", "0", "--seed", "1",

@@ -52,7 +52,7 @@ PASSING = """
 """
 
 
-def test_all_passing_suite_exits_0_and_writes_every_report(tmp_path):
+def test_all_passing_suite_exits_0_and_writes_every_report(tmp_path: Path) -> None:
     suite = make_suite(tmp_path / "suite", test_ok=PASSING)
     out = tmp_path / "reports" / "s1"
     done = sweep(str(suite), "--runs", "2", "--workers", "0", "--seed", "3", "--out", str(out),
@@ -98,7 +98,7 @@ DEFECTS = """
 """
 
 
-def test_defects_are_classified_and_the_replay_reproduces(tmp_path):
+def test_defects_are_classified_and_the_replay_reproduces(tmp_path: Path) -> None:
     suite = make_suite(tmp_path / "suite", test_defects=DEFECTS)
     out = tmp_path / "out"
     done = sweep(str(suite), "--runs", "4", "--workers", "0", "--isolation-runs", "2",
@@ -120,7 +120,7 @@ def test_defects_are_classified_and_the_replay_reproduces(tmp_path):
     assert "polluted" in again.stdout
 
 
-def test_baseline_quarantine_turns_exit_1_into_0(tmp_path):
+def test_baseline_quarantine_turns_exit_1_into_0(tmp_path: Path) -> None:
     suite = make_suite(tmp_path / "suite", test_b="def test_broken():\n    assert False\n")
     baseline = tmp_path / "quarantine.txt"
     baseline.write_text("# known bad, tracked elsewhere\ntest_b.py::test_broken\n")
@@ -131,7 +131,7 @@ def test_baseline_quarantine_turns_exit_1_into_0(tmp_path):
     assert "1 quarantined" in done.stderr
 
 
-def test_pytest_args_after_double_dash_reach_pytest(tmp_path):
+def test_pytest_args_after_double_dash_reach_pytest(tmp_path: Path) -> None:
     suite = make_suite(tmp_path / "suite", test_k="def test_a():\n    pass\n\n"
                        "def test_b():\n    assert False\n")  # fmt: skip
     out = tmp_path / "out"
@@ -141,7 +141,7 @@ def test_pytest_args_after_double_dash_reach_pytest(tmp_path):
     assert list(by_id(summary_of(out))) == ["test_k.py::test_a"]
 
 
-def test_budget_stops_new_work_and_still_reports(tmp_path):
+def test_budget_stops_new_work_and_still_reports(tmp_path: Path) -> None:
     suite = make_suite(tmp_path / "suite", test_ok=PASSING)
     out = tmp_path / "out"
     done = sweep(str(suite), "--runs", "50", "--workers", "0", "--budget", "0.01",
@@ -152,7 +152,7 @@ def test_budget_stops_new_work_and_still_reports(tmp_path):
     assert any("budget" in note and "49 suite runs" in note for note in summary["notes"])
 
 
-def test_suite_that_cannot_be_collected_is_a_usage_error(tmp_path):
+def test_suite_that_cannot_be_collected_is_a_usage_error(tmp_path: Path) -> None:
     suite = make_suite(tmp_path / "suite", test_bad="def test_(:\n")
     done = sweep(str(suite), "--runs", "1", "--workers", "0", "--out", str(tmp_path / "o"),
                  *FAST, cwd=tmp_path)  # fmt: skip
@@ -196,7 +196,7 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_a_stop_signal_writes_the_partial_report_and_exits_130(tmp_path, stop):
+def test_a_stop_signal_writes_the_partial_report_and_exits_130(tmp_path: Path, stop) -> None:
     # SIGTERM (a cancelled CI job, `timeout`) once killed the sweep outright and left its
     # test process running, orphaned, with no report.
     suite = make_suite(tmp_path / "suite", test_slow=SLOW)
@@ -229,7 +229,7 @@ def test_a_stop_signal_writes_the_partial_report_and_exits_130(tmp_path, stop):
 
 
 @pytest.mark.slow
-def test_a_process_that_stops_making_progress_is_killed_and_recorded(tmp_path):
+def test_a_process_that_stops_making_progress_is_killed_and_recorded(tmp_path: Path) -> None:
     # SIGALRM blocked: pytest-timeout's signal method cannot interrupt it, the watchdog must.
     suite = make_suite(tmp_path / "suite", test_stuck="""
         import signal
@@ -254,7 +254,7 @@ def test_a_process_that_stops_making_progress_is_killed_and_recorded(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_process_killed_before_any_test_is_never_green(tmp_path):
+def test_a_process_killed_before_any_test_is_never_green(tmp_path: Path) -> None:
     # The run hangs after collection, before its first test: pytest itself would never finish.
     # The sweep used to report "all 0 tests pass" and exit 0.
     suite = make_suite(tmp_path / "suite", test_a=PASSING, conftest="""
@@ -287,7 +287,7 @@ SESSION_HOOK = """
 """
 
 
-def test_a_run_pytest_fails_with_every_test_passing_is_not_green(tmp_path):
+def test_a_run_pytest_fails_with_every_test_passing_is_not_green(tmp_path: Path) -> None:
     # A raising session hook: pytest exits 1, and the sweep once said "all 5 tests pass", 0.
     suite = make_suite(
         tmp_path / "suite",
@@ -323,7 +323,9 @@ FAIL Required test coverage of 90% not reached. Total coverage: 75.00%
         ("E   ImportError: x\nno tests ran in 0.01s\n", "E   ImportError: x"),
     ],
 )
-def test_a_suite_errors_message_is_what_pytest_said_before_its_counts(tmp_path, log, said):
+def test_a_suite_errors_message_is_what_pytest_said_before_its_counts(
+    tmp_path: Path, log, said
+) -> None:
     path = tmp_path / "run-1.log"
     path.write_text(log)
     assert last_line(path, past_counts=True) == said
@@ -331,7 +333,7 @@ def test_a_suite_errors_message_is_what_pytest_said_before_its_counts(tmp_path, 
 
 
 @pytest.mark.slow
-def test_a_run_that_hangs_after_its_last_test_is_not_green(tmp_path):
+def test_a_run_that_hangs_after_its_last_test_is_not_green(tmp_path: Path) -> None:
     suite = make_suite(tmp_path / "suite", test_a=PASSING,
                        conftest=SESSION_HOOK.format(action="time.sleep(60)"))  # fmt: skip
     options = SweepOptions(paths=(suite,), out=tmp_path / "out", seed=1, runs=1, workers=0,
@@ -342,7 +344,7 @@ def test_a_run_that_hangs_after_its_last_test_is_not_green(tmp_path):
     assert "no progress for 8s" in result.reason
 
 
-def test_node_ids_that_change_between_processes_are_named_as_the_reason(tmp_path):
+def test_node_ids_that_change_between_processes_are_named_as_the_reason(tmp_path: Path) -> None:
     # An id made from the clock: collection lists one test, the run runs another.
     suite = make_suite(tmp_path / "suite", test_t="""
         import time
@@ -360,7 +362,7 @@ def test_node_ids_that_change_between_processes_are_named_as_the_reason(tmp_path
     assert any("node ids differ between processes" in note for note in summary["notes"])
 
 
-def test_a_run_capsafe_did_not_record_is_a_usage_error(tmp_path):
+def test_a_run_capsafe_did_not_record_is_a_usage_error(tmp_path: Path) -> None:
     suite = make_suite(tmp_path / "suite", test_a=PASSING)
     done = sweep(str(suite), "--runs", "1", "--workers", "0", "--out", str(tmp_path / "o"),
                  *FAST, "-p", "no:capsafe", cwd=tmp_path)  # fmt: skip
@@ -368,7 +370,7 @@ def test_a_run_capsafe_did_not_record_is_a_usage_error(tmp_path):
     assert "recorded no test: is it disabled (-p no:capsafe" in done.stderr.splitlines()[-1]
 
 
-def test_suite_root_is_the_common_parent(tmp_path):
+def test_suite_root_is_the_common_parent(tmp_path: Path) -> None:
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "t.py").write_text("")
     (tmp_path / "b").mkdir()
@@ -376,13 +378,13 @@ def test_suite_root_is_the_common_parent(tmp_path):
     assert suite_root([tmp_path / "a", tmp_path / "b"]) == tmp_path
 
 
-def test_run_seeds_are_stable_and_distinct():
+def test_run_seeds_are_stable_and_distinct() -> None:
     assert run_seeds(1, 3) == run_seeds(1, 3)
     assert len(set(run_seeds(1, 20))) == 20
     assert run_seeds(1, 3) != run_seeds(2, 3) != run_seeds(1, 3, kind="alone")
 
 
-def test_sweep_environment_gives_every_process_its_own_scratch_dir(tmp_path):
+def test_sweep_environment_gives_every_process_its_own_scratch_dir(tmp_path: Path) -> None:
     suite = make_suite(tmp_path / "suite", test_env="""
         import os
 
@@ -396,7 +398,7 @@ def test_sweep_environment_gives_every_process_its_own_scratch_dir(tmp_path):
     assert done.returncode == 0, done.stderr
 
 
-def test_hostile_surroundings_become_notes_and_nothing_is_lost(tmp_path):
+def test_hostile_surroundings_become_notes_and_nothing_is_lost(tmp_path: Path) -> None:
     # A records line cut short, a history.csv that is not one, a `latest` that is a real
     # directory: the sweep still classifies, writes its report, and says what it did.
     suite = make_suite(tmp_path / "suite", test_junk="""

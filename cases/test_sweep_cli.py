@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -11,7 +12,7 @@ from capsafe_harness import sweep
 
 
 @pytest.fixture
-def suite(tmp_path):
+def suite(tmp_path: Path):
     (tmp_path / "test_x.py").write_text("def test_x():\n    pass\n")
     return tmp_path
 
@@ -30,7 +31,9 @@ def suite(tmp_path):
         (["{suite}", "--seed", "-3"], "--seed must be a non-negative integer"),
     ],
 )
-def test_bad_input_is_one_line_and_exit_2(suite, capsys, args, reason):
+def test_bad_input_is_one_line_and_exit_2(
+    suite, capsys: pytest.CaptureFixture[str], args, reason
+) -> None:
     argv = ["sweep", *(a.format(suite=suite) for a in args)]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
@@ -38,7 +41,9 @@ def test_bad_input_is_one_line_and_exit_2(suite, capsys, args, reason):
     assert err.startswith("capsafe sweep: ") and reason in err
 
 
-def test_missing_xdist_with_workers_is_a_usage_error(suite, capsys, monkeypatch):
+def test_missing_xdist_with_workers_is_a_usage_error(
+    suite, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     real = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "xdist" else real(name, *a)
@@ -47,19 +52,19 @@ def test_missing_xdist_with_workers_is_a_usage_error(suite, capsys, monkeypatch)
     assert "pytest-xdist is not installed" in capsys.readouterr().err
 
 
-def test_out_that_is_a_file_is_a_usage_error(suite, capsys):
+def test_out_that_is_a_file_is_a_usage_error(suite, capsys: pytest.CaptureFixture[str]) -> None:
     (suite / "f").write_text("")
     assert main(["sweep", str(suite), "--out", str(suite / "f")]) == 2
     assert "is not a directory" in capsys.readouterr().err
 
 
-def test_unknown_option_is_exit_2(suite, capsys):
+def test_unknown_option_is_exit_2(suite, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["sweep", str(suite), "--bogus"])
     assert exc.value.code == 2
 
 
-def test_help_explains_options_and_exit_codes(capsys):
+def test_help_explains_options_and_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["sweep", "--help"])
     assert exc.value.code == 0
@@ -69,7 +74,9 @@ def test_help_explains_options_and_exit_codes(capsys):
         assert needle in text
 
 
-def test_out_that_cannot_be_created_is_a_usage_error(suite, capsys):
+def test_out_that_cannot_be_created_is_a_usage_error(
+    suite, capsys: pytest.CaptureFixture[str]
+) -> None:
     (suite / "f").write_text("")
     assert main(["sweep", str(suite), "--out", str(suite / "f" / "reports")]) == 2
     err = capsys.readouterr().err.strip()
@@ -78,13 +85,15 @@ def test_out_that_cannot_be_created_is_a_usage_error(suite, capsys):
 
 
 @pytest.mark.parametrize("value", ["inf", "nan"])
-def test_timeout_must_be_finite(suite, capsys, value):
+def test_timeout_must_be_finite(suite, capsys: pytest.CaptureFixture[str], value) -> None:
     assert main(["sweep", str(suite), "--timeout", value, "--out", str(suite / "o")]) == 2
     assert "--timeout must be positive" in capsys.readouterr().err
 
 
-def test_ctrl_c_outside_the_phases_is_one_line_and_exit_130(suite, capsys, monkeypatch):
-    def interrupted(options):
+def test_ctrl_c_outside_the_phases_is_one_line_and_exit_130(
+    suite, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(options) -> None:
         raise KeyboardInterrupt
 
     monkeypatch.setattr(sweep, "run_sweep", interrupted)

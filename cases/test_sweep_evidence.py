@@ -26,7 +26,7 @@ def write(root: Path, files: dict[str, str]) -> Path:
 # -- problem 1: a broken suite is never green -----------------------------------------
 
 
-def test_a_collection_error_is_a_verdict_with_pytests_message(tmp_path):
+def test_a_collection_error_is_a_verdict_with_pytests_message(tmp_path: Path) -> None:
     suite = make_suite(tmp_path / "suite", test_good="def test_ok():\n    pass\n",
                        test_bad="def test_bad(:\n")  # fmt: skip
     out = tmp_path / "o"
@@ -45,7 +45,7 @@ def test_a_collection_error_is_a_verdict_with_pytests_message(tmp_path):
 # -- problem 2: one --out, one sweep --------------------------------------------------
 
 
-def test_reusing_out_is_refused_and_force_starts_over(tmp_path):
+def test_reusing_out_is_refused_and_force_starts_over(tmp_path: Path) -> None:
     suite = make_suite(tmp_path / "suite", test_x="def test_x():\n    assert False\n")
     out = tmp_path / "o"
     first = sweep(str(suite), "--runs", "1", "--workers", "0", "--out", str(out), *FAST,
@@ -66,7 +66,7 @@ def test_reusing_out_is_refused_and_force_starts_over(tmp_path):
     assert {r["outcome"] for r in rows} == {"passed"}
 
 
-def test_resume_continues_the_runs_it_had_not_done(tmp_path):
+def test_resume_continues_the_runs_it_had_not_done(tmp_path: Path) -> None:
     suite = make_suite(tmp_path / "suite", test_x="def test_x():\n    pass\n")
     out = tmp_path / "o"
     args = ("--runs", "3", "--workers", "0", "--seed", "5", "--out", str(out), *FAST)
@@ -108,7 +108,7 @@ def collect_only(project: Path, *args: str) -> list[str]:
 
 
 @pytest.mark.parametrize("out", ["inside/reports/s", "../elsewhere/deep/s"])
-def test_node_ids_are_pytests_and_pytest_runs_where_the_user_stands(tmp_path, out):
+def test_node_ids_are_pytests_and_pytest_runs_where_the_user_stands(tmp_path: Path, out) -> None:
     project = write(tmp_path / "proj" / "name", PROJECT)  # no ini file: rootdir from the args
     done = sweep("tests", "--runs", "1", "--workers", "2", "--out", out, *FAST, cwd=project)
     assert done.returncode == 0, done.stderr
@@ -136,7 +136,7 @@ COUNTER = """
 """
 
 
-def test_a_test_that_crashes_half_the_time_gets_no_polluter(tmp_path):
+def test_a_test_that_crashes_half_the_time_gets_no_polluter(tmp_path: Path) -> None:
     suite = make_suite(tmp_path / "suite", counter=COUNTER, test_crash="""
         import os
         from counter import invocation
@@ -156,7 +156,7 @@ def test_a_test_that_crashes_half_the_time_gets_no_polluter(tmp_path):
     assert f"failed {test['failures']} of {test['runs']} suite runs" in test["why"]
 
 
-def test_failing_every_rerun_alone_but_passing_in_the_suite_is_not_fail(tmp_path):
+def test_failing_every_rerun_alone_but_passing_in_the_suite_is_not_fail(tmp_path: Path) -> None:
     # Fails alone every time (replayed alone) and in every other suite run: no state-setter
     # can explain that, so it is flaky, and the words say what the numbers say.
     suite = make_suite(tmp_path / "suite", counter=COUNTER, test_coin="""
@@ -225,7 +225,9 @@ COLLIDING = """
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)  # each rerun alone waits 6 s for a partner that never comes
-def test_tests_that_collide_across_workers_are_parallel_unsafe_with_the_other_named(tmp_path):
+def test_tests_that_collide_across_workers_are_parallel_unsafe_with_the_other_named(
+    tmp_path: Path,
+) -> None:
     suite = make_suite(tmp_path / "suite", test_collide=COLLIDING)
     out = tmp_path / "o"
     done = sweep(".", "--runs", "2", "--workers", "2", "--seed", "1", "--isolation-runs", "1",
@@ -243,7 +245,7 @@ def test_tests_that_collide_across_workers_are_parallel_unsafe_with_the_other_na
     assert "parallel-unsafe" in done.stderr
 
 
-def test_a_parallel_only_failure_no_partner_reproduces_names_no_collision(tmp_path):
+def test_a_parallel_only_failure_no_partner_reproduces_names_no_collision(tmp_path: Path) -> None:
     # It fails under xdist whoever runs beside it: the tests beside it are listed as having
     # run at the same time, but none is named as colliding with it.
     suite = make_suite(
@@ -269,7 +271,7 @@ def test_a_parallel_only_failure_no_partner_reproduces_names_no_collision(tmp_pa
 # -- problem 6: state in a module-scoped fixture ---------------------------------------
 
 
-def test_a_state_setter_behind_a_module_scoped_fixture_is_found(tmp_path):
+def test_a_state_setter_behind_a_module_scoped_fixture_is_found(tmp_path: Path) -> None:
     others = {f"test_other{i}": "\n".join(f"def test_{j}():\n    pass\n" for j in range(5))
               for i in range(8)}  # fmt: skip
     suite = make_suite(tmp_path / "suite", test_dict="""
@@ -296,7 +298,7 @@ def test_a_state_setter_behind_a_module_scoped_fixture_is_found(tmp_path):
 # -- problem 8: the budget does not relabel ---------------------------------------------
 
 
-def test_a_test_failing_every_run_is_rerun_alone_once_per_rerun(tmp_path):
+def test_a_test_failing_every_run_is_rerun_alone_once_per_rerun(tmp_path: Path) -> None:
     # It failed every suite run, so its reruns go straight to "no other test process alive":
     # a rerun beside others and then its confirmation cost two GPU processes per rerun.
     suite = make_suite(tmp_path / "suite", test_x="def test_always():\n    assert False\n",
@@ -308,7 +310,7 @@ def test_a_test_failing_every_run_is_rerun_alone_once_per_rerun(tmp_path):
     assert len(list((out / "raw").glob("alone-*.log"))) == 3
 
 
-def test_a_failure_the_budget_left_unrerun_is_unverified(tmp_path):
+def test_a_failure_the_budget_left_unrerun_is_unverified(tmp_path: Path) -> None:
     suite = make_suite(tmp_path / "suite", test_x="def test_always():\n    assert False\n")
     out = tmp_path / "o"
     done = sweep(str(suite), "--runs", "3", "--workers", "0", "--budget", "0.01",
@@ -322,7 +324,9 @@ def test_a_failure_the_budget_left_unrerun_is_unverified(tmp_path):
 # -- problem 3: every process sees the ids collection saw --------------------------------
 
 
-def test_reruns_keep_the_rootdir_and_config_when_one_path_has_its_own_pytest_ini(tmp_path):
+def test_reruns_keep_the_rootdir_and_config_when_one_path_has_its_own_pytest_ini(
+    tmp_path: Path,
+) -> None:
     # Swept together, `a` and `b` share the project's rootdir; a rerun of a test of `a`
     # alone would make pytest pick a/pytest.ini and a/ as rootdir (other ids) unless the
     # sweep pins both to what collection found.

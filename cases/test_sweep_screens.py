@@ -55,7 +55,9 @@ def sweep(tmp_path: Path, seed: int, suite_files: dict[str, str] = SUITE) -> dic
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_a_victim_no_run_showed_is_found_and_one_needing_a_third_polluter_too(tmp_path):
+def test_a_victim_no_run_showed_is_found_and_one_needing_a_third_polluter_too(
+    tmp_path: Path,
+) -> None:
     tests = sweep(tmp_path, seed=5)
     w2, w3 = tests["test_f.py::test_w2"], tests["test_g.py::test_w3"]
     assert (w2["failures"], w3["failures"]) == (0, 0), "the seed no longer hides them"
@@ -70,7 +72,7 @@ def test_a_victim_no_run_showed_is_found_and_one_needing_a_third_polluter_too(tm
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_a_cause_found_for_one_victim_is_minimised_for_the_next(tmp_path):
+def test_a_cause_found_for_one_victim_is_minimised_for_the_next(tmp_path: Path) -> None:
     tests = sweep(tmp_path, seed=9)  # only w3 fails in a run: its cause holds g0 too
     w1, w2 = tests["test_c.py::test_w1"], tests["test_f.py::test_w2"]
     assert (w1["failures"], w2["failures"]) == (0, 0), "the seed no longer hides them"
@@ -87,7 +89,7 @@ H_MODULE = (  # h1 is a victim of the pair and, once polluted, h2's third pollut
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_a_victim_whose_third_polluter_is_an_explained_victim_of_its_module(tmp_path):
+def test_a_victim_whose_third_polluter_is_an_explained_victim_of_its_module(tmp_path: Path) -> None:
     # freezegun's test_uuid1_past: its module holds one other test, already explained when
     # the module is screened; the screen must still run (not just a trial of the pair).
     tests = sweep(tmp_path, seed=8, suite_files={**SUITE, "test_h.py": H_MODULE})
