@@ -20,6 +20,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from capsafe.backend import Backend
+    from capsafe.driver import GatedDriver
 
 
 def interleaved_ratio(
@@ -30,7 +35,9 @@ def interleaved_ratio(
     Driver calls drift over seconds (allocator state, clocks); measuring A's
     rounds and then B's would fold that drift into the ratio.
     """
-    times_a, times_b, ratios = [], [], []
+    times_a: list[float] = []
+    times_b: list[float] = []
+    ratios: list[float] = []
     for i in range(rounds):
         order = ((loop_a, times_a), (loop_b, times_b))
         for loop, times in order if i % 2 == 0 else order[::-1]:
@@ -79,7 +86,7 @@ def uncontended(n: int = 200_000) -> dict[str, float]:
     return out
 
 
-def gpu_alloc_free(n: int = 500, size: int = 1 << 20) -> dict[str, float] | str:
+def gpu_alloc_free(n: int = 500, size: int = 1 << 20) -> dict[str, float | str] | str:
     """Gated vs raw cuMemAlloc+cuMemFree on device 0, or why it was skipped."""
     from capsafe import backend_cuda
     from capsafe.driver import GatedDriver
@@ -94,7 +101,7 @@ def gpu_alloc_free(n: int = 500, size: int = 1 << 20) -> dict[str, float] | str:
     raw.ctx_set_current(raw.primary_ctx_retain(device))
     gated = GatedDriver(raw, CaptureGate())
 
-    def pairs(drv):
+    def pairs(drv: Backend | GatedDriver) -> Callable[[int], None]:
         def loop(k: int) -> None:
             alloc, free = drv.mem_alloc, drv.mem_free
             for _ in range(k):
@@ -112,7 +119,7 @@ def gpu_alloc_free(n: int = 500, size: int = 1 << 20) -> dict[str, float] | str:
     }
 
 
-def contention(seconds: float, threads: int) -> dict:
+def contention(seconds: float, threads: int) -> dict[str, Any]:
     from capsafe_repro.capture_race import run
 
     result = run("global", True, "conservative", threads, seconds, False, False)

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -37,7 +38,7 @@ def specs() -> list[nvrtc.KernelSpec]:
     return [nvrtc.KernelSpec(k.source(), k.file, include_paths=(str(KERNEL_DIR),)) for k in KERNELS]
 
 
-def best_per_call(fn, rounds: int) -> float:
+def best_per_call(fn: Callable[[], object], rounds: int) -> float:
     """Median over 5 repeats of the mean time of `rounds` calls (seconds per call)."""
     samples = []
     for _ in range(5):
@@ -92,13 +93,14 @@ def cuda_core_hit(root: Path, rounds: int, images: dict[str, bytes]) -> tuple[fl
         for part in nvrtc.translate(spec).key_fields():
             h.update(part.encode() if isinstance(part, str) else part)
             h.update(b"\0")
-        return make_program_cache_key(
+        digest: bytes = make_program_cache_key(
             code=spec.source,
             code_type="c++",
             options=options[spec.name],
             target_type="ptx",
             extra_digest=h.digest(),
         )
+        return digest
 
     for spec in all_specs:
         cache[key(spec)] = images[spec.name]

@@ -25,15 +25,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.kernels import KERNEL_DIR, KERNELS, Buffer, Kernel
 from capsafe import driver, nvrtc
-from capsafe.backend import Backend
-from capsafe.handles import Stream
+from capsafe.backend import Backend, KernelArg
+from capsafe.handles import DevicePtr, Stream
 from capsafe.kernel_cache import KernelCache
 
 
 def run_kernel(backend: Backend, stream: Stream, loaded: nvrtc.LoadedModule, k: Kernel) -> bytes:
     """Launch `k` on fresh buffers filled from fixed seeds; all buffers' bytes afterwards."""
     function = backend.module_get_function(loaded.module, k.entry)
-    buffers, args = [], []
+    buffers: list[tuple[DevicePtr, int]] = []
+    args: list[KernelArg] = []
     for i, arg in enumerate(k.args):
         if isinstance(arg, Buffer):
             ptr = backend.mem_alloc(arg.nbytes)
@@ -65,7 +66,7 @@ def main() -> int:
     parser.add_argument("--dir", help="cache directory to use (default: a fresh temporary one)")
     args = parser.parse_args()
     tmp = None if args.dir else tempfile.TemporaryDirectory(prefix="capsafe-gpu-cache-")
-    directory = Path(args.dir or tmp.name)
+    directory = Path(args.dir) if tmp is None else Path(tmp.name)
 
     backend = driver.get()
     device = backend.device_get(0)

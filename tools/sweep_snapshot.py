@@ -23,6 +23,7 @@ import sys
 import tarfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITES = ROOT / "repro" / "suites"
@@ -39,9 +40,9 @@ REALWORLD_SWEEP = {
 DIGITS = re.compile(r"\d+(\.\d+)?")
 
 
-def essence(summary: dict) -> dict:
+def essence(summary: dict[str, Any]) -> dict[str, Any]:
     """What a verdict says: everything but timings, paths and replay file names."""
-    tests = {}
+    tests: dict[str, dict[str, Any]] = {}
     for t in summary["tests"]:
         tests[t["nodeid"]] = {
             "classification": t["classification"],
@@ -64,7 +65,7 @@ def essence(summary: dict) -> dict:
     }
 
 
-def sweep(python: str, cwd: Path, args: list[str], out: Path) -> dict:
+def sweep(python: str, cwd: Path, args: list[str], out: Path) -> dict[str, Any]:
     started = time.monotonic()
     done = subprocess.run(
         [python, "-m", "capsafe.cli", "sweep", "--no-progress", "--out", str(out), *args],

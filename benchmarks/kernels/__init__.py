@@ -14,6 +14,7 @@ import random
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 KERNEL_DIR = Path(__file__).resolve().parent
 
@@ -60,7 +61,7 @@ class Kernel:
     entry: str
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
-    args: tuple[Buffer | ctypes._SimpleCData, ...]
+    args: tuple[Buffer | ctypes._SimpleCData[Any], ...]
     shared_mem: int = 0
 
     @property
