@@ -13,14 +13,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
+from typing import TypeVar
 
 import pytest
 
 from capsafe.backend import Backend
 from capsafe.sim import KernelStandIn, SimBackend, kernel_standin
 
+B = TypeVar("B", bound=Backend)
 
-def _bound(backend: Backend) -> Iterator[Backend]:
+
+def _bound(backend: B) -> Iterator[B]:
     """Init, retain device 0's primary context and bind it; undo both afterwards.
 
     The thread's current context is the driver's, shared with everything else in

@@ -22,7 +22,8 @@ def _fake_cupy(monkeypatch: pytest.MonkeyPatch) -> type[_Status]:
     runtime = types.SimpleNamespace(CUDARuntimeError=type("CUDARuntimeError", (_Status,), {}))
     cupy.cuda = types.SimpleNamespace(runtime=runtime, driver=types.SimpleNamespace())  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "cupy", cupy)
-    return runtime.CUDARuntimeError
+    error: type[_Status] = runtime.CUDARuntimeError
+    return error
 
 
 def test_capsafe_errors_by_their_result() -> None:

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,7 +25,9 @@ PROTECTED = "test_capture.py::test_protected_capture"
 LEAN = ["--", "-p", "no:run-parallel", "-p", "no:hypothesispytest"]
 
 
-def sweep(out: Path, *options: str, suite: Path = SUITE):
+def sweep(
+    out: Path, *options: str, suite: Path = SUITE
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], dict[str, dict[str, Any]]]:
     done = subprocess.run(
         [sys.executable, "-m", "capsafe.cli", "sweep", "--no-progress", str(suite),
          "--out", str(out), "--timeout", "10", "--seed", "3", "--workers", "2", *options, *LEAN],

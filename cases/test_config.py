@@ -126,7 +126,7 @@ def test_guard_error_survives_pickling() -> None:
 
 def test_a_failed_parse_does_not_freeze() -> None:
     environ = {"N": "x"}
-    config = FrozenConfig("n", ["N"], lambda env: int(env["N"]), environ=environ, guard=True)
+    config = FrozenConfig("n", ["N"], lambda env: int(env["N"] or ""), environ=environ, guard=True)
     with pytest.raises(ValueError):
         config.get()
     environ["N"] = "3"

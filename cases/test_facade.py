@@ -108,7 +108,7 @@ def test_a_refused_end_capture_keeps_the_gate(sim_backend: SimBackend) -> None:
     context = sim_backend.ctx_get_current()
     stream = facade.stream_create(nonblocking=True)
     facade.stream_begin_capture(stream, CaptureMode.GLOBAL)
-    errors: list[BaseException] = []
+    errors: list[CudaError] = []
 
     def end_elsewhere() -> None:
         sim_backend.ctx_set_current(context)
@@ -120,7 +120,7 @@ def test_a_refused_end_capture_keeps_the_gate(sim_backend: SimBackend) -> None:
     thread = threading.Thread(target=end_elsewhere, daemon=True)
     thread.start()
     thread.join(5)
-    assert errors and errors[0].result == "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD"  # type: ignore[attr-defined]
+    assert errors and errors[0].result == "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD"
     assert sim_backend.stream_is_capturing(stream) is CaptureStatus.ACTIVE
     allocated: list[object] = []
 
@@ -135,5 +135,5 @@ def test_a_refused_end_capture_keeps_the_gate(sim_backend: SimBackend) -> None:
     facade.graph_destroy(facade.stream_end_capture(stream))  # ends; the gate opens
     allocator.join(5)
     assert allocated
-    facade.mem_free(allocated[0])  # type: ignore[arg-type]
+    facade.mem_free(allocated[0])
     facade.stream_destroy(stream)

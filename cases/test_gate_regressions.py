@@ -202,7 +202,12 @@ def test_4_a_release_from_a_finalizer_in_a_wait_is_deferred_to_the_capture_end()
 
     g._may_enter = CallbackCondition(g._lock, "waiter", finalizer)
     guard = g.begin_capture(timeout=5)
-    waiter = spawn(lambda: (g.enter("mem_alloc"), g.exit()), name="waiter")
+
+    def enter_and_exit() -> None:
+        g.enter("mem_alloc")
+        g.exit()
+
+    waiter = spawn(enter_and_exit, name="waiter")
     assert g._may_enter.ran.wait(5)
     assert released == []  # not while the capture is open
     guard.release()

@@ -19,7 +19,11 @@ def filled(tmp_path: Path) -> Path:
     for n in range(3):
         key = cache_key([f"cli-{n}"])
         meta = {"name": f"k{n}.cu", "arch": "sm_90", "nvrtc": "13.5"}
-        cache.get_or_compile(key, "ptx", lambda n=n, meta=meta: (b"x" * (100 * (n + 1)), meta))
+
+        def compile_(n: int = n, meta: dict[str, str] = meta) -> tuple[bytes, dict[str, str]]:
+            return b"x" * (100 * (n + 1)), meta
+
+        cache.get_or_compile(key, "ptx", compile_)
     past = time.time() - 100  # file times are coarser than these writes: spread them
     for n in range(3):
         os.utime(cache.entry_path(cache_key([f"cli-{n}"])), (past + n, past + n))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -184,9 +185,11 @@ def test_an_edit_during_the_compile_is_not_stored_under_the_old_key(
     (work / "a.h").write_text(which(1))
     spec = KernelSpec('#include "a.h"' + KERNEL, "kernel.cu")
 
-    def edit_then_compile(*args: object) -> backend_cuda.NvrtcOutput:
+    def edit_then_compile(
+        source: str, name: str, options: Sequence[str], headers: Mapping[str, str], kind: str
+    ) -> backend_cuda.NvrtcOutput:
         (work / "a.h").write_text(which(2))  # an editor saves while NVRTC starts
-        return backend_cuda.nvrtc_compile(*args)  # type: ignore[arg-type]
+        return backend_cuda.nvrtc_compile(source, name, options, headers, kind)
 
     art = nvrtc.compile_spec(spec, arch="sm_90", cache=cache, compiler=edit_then_compile)
     assert value(art.image) == 1  # what the key says
@@ -218,9 +221,11 @@ def test_nvrtc_gets_every_header_in_memory_and_no_include_paths(work: Path) -> N
     (inc / "top.h").write_text('#include "leaf.h"\n')
     (inc / "leaf.h").write_text("#define LEAF 1\n")
     spec = KernelSpec("#include <top.h>\n", "k.cu", include_paths=(str(inc),))
-    seen = {}
+    seen: dict[str, object] = {}
 
-    def record(source: str, name: str, options, headers, kind) -> backend_cuda.NvrtcOutput:  # type: ignore[no-untyped-def]
+    def record(
+        source: str, name: str, options: Sequence[str], headers: Mapping[str, str], kind: str
+    ) -> backend_cuda.NvrtcOutput:
         seen.update(source=source, options=list(options), headers=dict(headers))
         return backend_cuda.NvrtcOutput(b"// ptx\n", "")
 

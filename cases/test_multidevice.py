@@ -185,7 +185,9 @@ def test_the_setting_gives_the_process_driver_that_many_devices() -> None:
     CROSS,
     ids=["-".join(map(str, c[:4])) for c in CROSS],
 )
-def test_every_cross_device_cell_follows_the_table(call, mode, stream, caller, device) -> None:
+def test_every_cross_device_cell_follows_the_table(
+    call: str, mode: CaptureMode, stream: StreamKind, caller: str, device: str
+) -> None:
     backend = SimBackend(devices=2)
     backend.init()
     result = run_trial(backend, call, mode, stream, caller, device, timeout=10)

@@ -21,7 +21,7 @@ KEYS = sorted(SUITES.glob("*/answer_key.json"))
 FAST = ["--", "-p", "no:run-parallel", "-p", "no:hypothesispytest"]  # lighter test processes
 
 
-def sweep_args(options: dict) -> list[str]:
+def sweep_args(options: dict[str, object]) -> list[str]:
     args = ["--timeout", "10"]
     for name, value in options.items():
         args += [f"--{name.replace('_', '-')}", str(value)]
@@ -31,7 +31,7 @@ def sweep_args(options: dict) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.timeout(300)  # cleaners: 12 victims verified K times each, ~30 s alone, 3x in CI
 @pytest.mark.parametrize("key_path", KEYS, ids=[k.parent.name for k in KEYS])
-def test_sweep_matches_the_answer_key(key_path, tmp_path: Path) -> None:
+def test_sweep_matches_the_answer_key(key_path: Path, tmp_path: Path) -> None:
     key = json.loads(key_path.read_text())
     out = tmp_path / "report"
     done = subprocess.run(

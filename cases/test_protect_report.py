@@ -14,6 +14,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_integrations_protect import CAPTURE_TEST, CONFTEST
@@ -54,7 +55,9 @@ def suite(root: Path, *, bypass: bool = True, shadow_cuda: bool = False) -> Path
     return root
 
 
-def sweep(tmp_path: Path, *options: str, bypass: bool = True, shadow_cuda: bool = False):
+def sweep(
+    tmp_path: Path, *options: str, bypass: bool = True, shadow_cuda: bool = False
+) -> tuple[subprocess.CompletedProcess[str], Path, dict[str, dict[str, Any]], list[str]]:
     out = tmp_path / "out"
     root = suite(tmp_path / "s", bypass=bypass, shadow_cuda=shadow_cuda)
     done = subprocess.run(

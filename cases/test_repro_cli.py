@@ -27,10 +27,10 @@ def test_unwritable_json_path_is_one_line_and_exit_2(
 def test_a_trial_that_prints_no_result_is_an_error_row(
     monkeypatch: pytest.MonkeyPatch, stdout: str
 ) -> None:
-    def fake_run(command, **kwargs):
+    def fake_run(command: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
         return subprocess.CompletedProcess(command, 0, stdout=stdout, stderr="")
 
-    monkeypatch.setattr(hazard_matrix.subprocess, "run", fake_run)
+    monkeypatch.setattr(subprocess, "run", fake_run)  # the module hazard_matrix calls
     cell = ("ctx_sync", CaptureMode.GLOBAL, StreamKind.NONBLOCKING, hazards.SAME_THREAD,
             hazards.SAME_DEVICE)  # fmt: skip
     row = hazard_matrix._in_fresh_process("sim")(cell)

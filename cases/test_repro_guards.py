@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,7 +17,9 @@ from capsafe_repro import cli
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _run(args: list[str], tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], dict]:
+def _run(
+    args: list[str], tmp_path: Path
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CAPSAFE_")}
     env["CAPSAFE_BACKEND"] = "sim"
     out = tmp_path / "result.json"

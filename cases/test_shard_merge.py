@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,7 +57,7 @@ def finish(proc: subprocess.Popen[str], timeout: float = 100) -> tuple[int, str]
     return proc.returncode, err
 
 
-def verdicts(out: Path) -> dict[str, tuple]:
+def verdicts(out: Path) -> dict[str, tuple[Any, ...]]:
     tests = json.loads((out / "summary.json").read_text())["tests"]
     return {t["nodeid"]: (t["classification"], t["polluters"], t["state_setters"], t["runs"],
                           t["failures"], t["isolation_runs"], t["isolation_failures"])
@@ -147,7 +148,9 @@ def test_three_shards_merged_classify_as_the_unsharded_sweep(tmp_path: Path) -> 
       "processes": {"run-1": {"returncode": 1, "stalled": False}}, "invoked_from": "/"},
      "lacks the records of run-1"),
 ])  # fmt: skip
-def test_bad_shard_directories_are_one_line_usage_errors(tmp_path: Path, write, says) -> None:
+def test_bad_shard_directories_are_one_line_usage_errors(
+    tmp_path: Path, write: str | dict[str, object] | None, says: str
+) -> None:
     shard = tmp_path / "shard"
     if write is not None:
         shard.mkdir()

@@ -8,6 +8,7 @@ calibration is re-checked on new hardware or a new driver.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -28,7 +29,7 @@ from capsafe.sim.calibration import (
 N = 1 << 16
 
 
-def result_of(fn, *args) -> str:
+def result_of(fn: Callable[..., object], *args: object) -> str:
     with pytest.raises(CudaError) as info:
         fn(*args)
     return info.value.result

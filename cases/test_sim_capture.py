@@ -30,7 +30,9 @@ CELLS = list(hazards.cells())
     CELLS,
     ids=["-".join(map(str, c[:4])) for c in CELLS],
 )
-def test_every_cell_matches_the_table(call, mode, stream, caller, device) -> None:
+def test_every_cell_matches_the_table(
+    call: str, mode: CaptureMode, stream: StreamKind, caller: str, device: str
+) -> None:
     backend = SimBackend()
     backend.init()
     result = run_trial(backend, call, mode, stream, caller, timeout=10)
@@ -142,7 +144,7 @@ def test_global_capture_must_end_on_its_own_thread_relaxed_need_not(
     b = sim_backend
     context = b.ctx_get_current()
     results: dict[str, str] = {}
-    streams = {mode: b.stream_create() for mode in ("global", "relaxed")}
+    streams = {mode: b.stream_create() for mode in (CaptureMode.GLOBAL, CaptureMode.RELAXED)}
     for mode, stream in streams.items():
         b.stream_begin_capture(stream, mode)
 
@@ -162,7 +164,7 @@ def test_global_capture_must_end_on_its_own_thread_relaxed_need_not(
         "global": "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD",
         "relaxed": "CUDA_SUCCESS",
     }
-    b.stream_end_capture(streams["global"])
+    b.stream_end_capture(streams[CaptureMode.GLOBAL])
 
 
 def test_two_captures_are_each_checked(sim_backend: SimBackend) -> None:

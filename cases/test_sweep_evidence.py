@@ -108,7 +108,9 @@ def collect_only(project: Path, *args: str) -> list[str]:
 
 
 @pytest.mark.parametrize("out", ["inside/reports/s", "../elsewhere/deep/s"])
-def test_node_ids_are_pytests_and_pytest_runs_where_the_user_stands(tmp_path: Path, out) -> None:
+def test_node_ids_are_pytests_and_pytest_runs_where_the_user_stands(
+    tmp_path: Path, out: str
+) -> None:
     project = write(tmp_path / "proj" / "name", PROJECT)  # no ini file: rootdir from the args
     done = sweep("tests", "--runs", "1", "--workers", "2", "--out", out, *FAST, cwd=project)
     assert done.returncode == 0, done.stderr

@@ -14,6 +14,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,7 +37,9 @@ SUITE = {
 PAIR = ["test_a.py::test_p1", "test_b.py::test_p2"]
 
 
-def sweep(tmp_path: Path, seed: int, suite_files: dict[str, str] = SUITE) -> dict[str, dict]:
+def sweep(
+    tmp_path: Path, seed: int, suite_files: dict[str, str] = SUITE
+) -> dict[str, dict[str, Any]]:
     suite = tmp_path / "suite"
     suite.mkdir()
     for name, text in suite_files.items():
