@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any, cast
+
 import pytest
 
 from capsafe_harness.classify import (
@@ -16,29 +19,31 @@ from capsafe_harness.classify import (
     severity,
     unfinished_rows,
 )
+from capsafe_harness.records import Record
 from capsafe_harness.stats import flake_rate, wilson_interval
 
 
 def row(
-    nodeid,
-    phase="call",
-    outcome="passed",
+    nodeid: str,
+    phase: str = "call",
+    outcome: str = "passed",
     *,
-    run="run-1",
-    worker="gw0",
-    pid=10,
-    index=0,
-    signals=(),
-    message="",
-    time=0.0,
-    seed=7,
-):
-    return {"nodeid": nodeid, "phase": phase, "outcome": outcome, "duration": 0.01,
+    run: str = "run-1",
+    worker: str = "gw0",
+    pid: int = 10,
+    index: int = 0,
+    signals: Iterable[str] = (),
+    message: str = "",
+    time: float = 0.0,
+    seed: int = 7,
+) -> Record:
+    """A record of the first format (no details, start, stop or gpu), as classify reads it."""
+    return cast(Record, {"nodeid": nodeid, "phase": phase, "outcome": outcome, "duration": 0.01,
             "run_id": run, "seed": seed, "worker": worker, "index": index, "pid": pid,
-            "signals": list(signals), "message": message, "time": time}  # fmt: skip
+            "signals": list(signals), "message": message, "time": time})  # fmt: skip
 
 
-def full(nodeid, outcome="passed", **kw):
+def full(nodeid: str, outcome: str = "passed", **kw: Any) -> list[Record]:
     """The three phase rows of one test."""
     return [row(nodeid, p, outcome if p == "call" else "passed", **kw)
             for p in ("setup", "call", "teardown")]  # fmt: skip
@@ -78,7 +83,7 @@ def full(nodeid, outcome="passed", **kw):
         (dict(), "unverified"),
     ],
 )  # fmt: skip
-def test_classification_rules(evidence, expected) -> None:
+def test_classification_rules(evidence: dict[str, Any], expected: str) -> None:
     assert classify(Evidence("t.py::t", **evidence)) == expected
 
 
@@ -178,7 +183,9 @@ def test_process_sequence_is_the_same_process_before_the_victim() -> None:
         (10, 10, 0.7225, 1.0),
     ],
 )
-def test_wilson_interval_matches_published_values(failures, runs, low, high) -> None:
+def test_wilson_interval_matches_published_values(
+    failures: int, runs: int, low: float, high: float
+) -> None:
     lo, hi = wilson_interval(failures, runs)
     assert lo == pytest.approx(low, abs=1e-4)
     assert hi == pytest.approx(high, abs=1e-4)

@@ -5,21 +5,32 @@ from __future__ import annotations
 import csv
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
 from capsafe_harness import history, tables
+from capsafe_harness.records import Record
 from capsafe_harness.report import pairs, render_html, render_markdown, search_bound, write_reports
 
 SUITE = "/home/me/proj/tests"
 
 
-def append(*args, suite=SUITE):
-    return history.append_history(*args, suite=suite)
+def append(
+    path: Path,
+    sweep_id: str,
+    timestamp: str,
+    verdicts: Iterable[history.Verdict],
+    suite: str = SUITE,
+) -> list[dict[str, str]]:
+    return history.append_history(path, sweep_id, timestamp, verdicts, suite=suite)
 
 
-def entry(nodeid, classification="pass", runs=4, failures=0, **kw):
+def entry(
+    nodeid: str, classification: str = "pass", runs: int = 4, failures: int = 0, **kw: Any
+) -> dict[str, Any]:
     base = {"nodeid": nodeid, "classification": classification, "runs": runs,
             "failures": failures, "flake_rate": failures / runs,
             "flake_rate_ci": [0.0, 0.49], "isolation_runs": 0, "isolation_failures": 0,
@@ -27,8 +38,12 @@ def entry(nodeid, classification="pass", runs=4, failures=0, **kw):
     return {**base, **kw}
 
 
-def summary(tests, searches=(), notes=()):
-    counts = {}
+def summary(
+    tests: Iterable[dict[str, Any]],
+    searches: Iterable[dict[str, Any]] = (),
+    notes: Iterable[str] = (),
+) -> dict[str, Any]:
+    counts: dict[str, int] = {}
     for t in tests:
         counts[t["classification"]] = counts.get(t["classification"], 0) + 1
     return {"runs": 4, "workers": 2, "seeds": [1, 2, 3, 4], "backend": "sim",
@@ -60,9 +75,9 @@ RUNS = ["run-1", "run-2", "run-3", "run-4"]
 
 
 def test_write_reports_writes_every_file(tmp_path: Path) -> None:
-    rows = [{"nodeid": "t.py::test_ok", "phase": "call", "outcome": "passed", "duration": 0.0,
-             "run_id": "run-1", "seed": 1, "worker": "gw0", "index": 0, "pid": 1,
-             "signals": [], "message": "", "time": 0.0}]  # fmt: skip
+    rows = [cast(Record, {"nodeid": "t.py::test_ok", "phase": "call", "outcome": "passed",
+             "duration": 0.0, "run_id": "run-1", "seed": 1, "worker": "gw0", "index": 0,
+             "pid": 1, "signals": [], "message": "", "time": 0.0})]  # fmt: skip
     write_reports(tmp_path, summary(TESTS), rows, GRID, RUNS, [])
     for name in ("records.jsonl", "tests.csv", "summary.json", "report.md", "report.html"):
         assert (tmp_path / name).stat().st_size > 0
@@ -163,16 +178,16 @@ def test_latest_falls_back_to_a_text_file(tmp_path: Path, monkeypatch: pytest.Mo
     out = tmp_path / "s1"
     out.mkdir()
 
-    def refuse(*args, **kwargs) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
         raise OSError("symlinks not allowed here")
 
-    monkeypatch.setattr(history.os, "symlink", refuse)
+    monkeypatch.setattr(os, "symlink", refuse)  # the module history calls
     latest = history.point_latest(out)
     assert latest.read_text().strip() == str(out.resolve())
 
 
 @pytest.mark.parametrize("bad", ["nodeid,flake_rate\nx,notanumber\n", ""])
-def test_trends_skip_unreadable_rates(tmp_path: Path, bad) -> None:
+def test_trends_skip_unreadable_rates(tmp_path: Path, bad: str) -> None:
     path = tmp_path / "history.csv"
     path.write_text(bad)
     assert tables.trends(history.read_history(path)) == {}
@@ -195,7 +210,7 @@ def test_history_row_cut_short_is_dropped_and_the_next_sweep_starts_a_new_line(
     "content", [b"\xff\xfe\x00\x01 binary junk\n", b"nodeid,flake_rate\nx,0.5\n"]
 )
 def test_history_that_is_not_a_history_file_is_refused_untouched_and_set_aside(
-    tmp_path: Path, content
+    tmp_path: Path, content: bytes
 ) -> None:
     path = tmp_path / "history.csv"
     path.write_bytes(content)
@@ -228,14 +243,32 @@ def test_latest_that_is_a_file_becomes_the_link(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- problem 10: what a person reads
 
 
-def rec(nodeid, phase, outcome, run="run-1", message="", details="", time=1.0, **kw):
-    return {"nodeid": nodeid, "phase": phase, "outcome": outcome, "duration": 0.1,
+def rec(
+    nodeid: str,
+    phase: str,
+    outcome: str,
+    run: str = "run-1",
+    message: str = "",
+    details: str = "",
+    time: float = 1.0,
+    **kw: Any,
+) -> Record:
+    """A record as the plugin writes it, less `gpu`; `kw`: more fields or other values."""
+    return cast(Record, {"nodeid": nodeid, "phase": phase, "outcome": outcome, "duration": 0.1,
             "run_id": run, "seed": 1, "worker": "gw0", "index": 0, "pid": 1, "signals": [],
             "message": message, "details": details, "start": time - 0.1, "stop": time,
-            "time": time, **kw}  # fmt: skip
+            "time": time, **kw})  # fmt: skip
 
 
-def phases(nodeid, call="passed", run="run-1", message="", details="", setup="passed", **kw):
+def phases(
+    nodeid: str,
+    call: str = "passed",
+    run: str = "run-1",
+    message: str = "",
+    details: str = "",
+    setup: str = "passed",
+    **kw: Any,
+) -> list[Record]:
     return [rec(nodeid, "setup", setup, run, message if setup != "passed" else "", details),
             rec(nodeid, "call", call, run, message if call != "passed" else "", details),
             rec(nodeid, "teardown", "passed", run, **kw)]  # fmt: skip
@@ -279,7 +312,7 @@ def test_outcomes_by_test_folds_attempts_and_keeps_the_latest_message() -> None:
     assert tables.outcomes_by_test([]).empty
 
 
-def report_files(tmp_path: Path):
+def report_files(tmp_path: Path) -> tuple[str, str]:
     rows = [r for r in REPORT_ROWS if r["run_id"] == "run-1"]
     write_reports(tmp_path, summary(REPORT_TESTS), rows, {}, ["run-1"], [])
     return (tmp_path / "report.md").read_text(), (tmp_path / "report.html").read_text()
@@ -308,8 +341,8 @@ def test_reports_show_skipped_xfailed_xpassed_as_their_own_outcomes(tmp_path: Pa
         assert f"{outcome}</span>" in page
     assert "Skipped: needs a GPU" in page and "known bug #12" in page
     with open(tmp_path / "tests.csv", newline="") as f:
-        outcome = {r["nodeid"]: r["outcome"] for r in csv.DictReader(f)}
-    assert outcome == {"t.py::test_ok": "passed", "t.py::test_boom[<b>]": "failed",
+        outcomes = {r["nodeid"]: r["outcome"] for r in csv.DictReader(f)}
+    assert outcomes == {"t.py::test_ok": "passed", "t.py::test_boom[<b>]": "failed",
                        "t.py::test_skip": "skipped", "t.py::test_known": "xfailed",
                        "t.py::test_fixed": "xpassed"}  # fmt: skip
 
