@@ -14,7 +14,10 @@ import contextlib
 import importlib.util
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_integrations_cupy import Neighbour
@@ -32,16 +35,18 @@ KiB = 1 << 10
 FAKE = Path(__file__).parents[1] / "repro" / "suites" / "cuda_core_capture" / "fake_cuda_core.py"
 
 
-def fake_cuda_core(sim):
+def fake_cuda_core(sim: SimBackend) -> tuple[Any, Any]:
     """The fake the cuda_core_capture planted suite runs on without a GPU (one fake, two users)."""
     spec = importlib.util.spec_from_file_location("fake_cuda_core", FAKE)
+    assert spec is not None and spec.loader is not None, FAKE
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.fake_cuda_core(sim)
+    fakes: tuple[Any, Any] = module.fake_cuda_core(sim)  # (cuda.core, cuda.core.graph)
+    return fakes
 
 
 @pytest.fixture
-def core(sim_backend: SimBackend, monkeypatch: pytest.MonkeyPatch):
+def core(sim_backend: SimBackend, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     fake, graph = fake_cuda_core(sim_backend)
     monkeypatch.setitem(sys.modules, "cuda.core", fake)
     monkeypatch.setitem(sys.modules, "cuda.core.graph", graph)
@@ -52,20 +57,22 @@ def core(sim_backend: SimBackend, monkeypatch: pytest.MonkeyPatch):
 
 
 @pytest.fixture
-def facade(sim_backend: SimBackend):
+def facade(sim_backend: SimBackend) -> Any:
+    """A GatedDriver, used both as the Backend it stands for (driver.get() casts it so)
+    and for its gate: Any, as neither type alone says both."""
     return GatedDriver(sim_backend, CaptureGate())
 
 
-def used(sim) -> int:
+def used(sim: SimBackend) -> int:
     free, total = sim.mem_get_info()
     return total - free
 
 
-def builder_cls():
+def builder_cls() -> Any:
     return sys.modules["cuda.core.graph"].GraphBuilder
 
 
-def test_install_is_idempotent_and_uninstall_restores_everything(core, facade) -> None:
+def test_install_is_idempotent_and_uninstall_restores_everything(core: Any, facade: Any) -> None:
     prop = core.Device.__dict__["memory_resource"]
     methods = {n: builder_cls().__dict__[n] for n in ("begin_building", "end_building", "close")}
     assert integration.install(facade) is True
@@ -78,7 +85,9 @@ def test_install_is_idempotent_and_uninstall_restores_everything(core, facade) -
     assert {n: builder_cls().__dict__[n] for n in methods} == methods
 
 
-def test_the_devices_resource_is_seen_gated(core, facade, sim_backend: SimBackend) -> None:
+def test_the_devices_resource_is_seen_gated(
+    core: Any, facade: Any, sim_backend: SimBackend
+) -> None:
     integration.install(facade)
     device = core.Device()
     resource = device.memory_resource
@@ -97,7 +106,7 @@ def test_the_devices_resource_is_seen_gated(core, facade, sim_backend: SimBacken
 
 
 def test_a_free_on_the_capturing_thread_waits_for_the_window_unless_made_inside_it(
-    core, facade, sim_backend: SimBackend
+    core: Any, facade: Any, sim_backend: SimBackend
 ) -> None:
     integration.install(facade)
     device = core.Device()
@@ -116,7 +125,7 @@ def test_a_free_on_the_capturing_thread_waits_for_the_window_unless_made_inside_
     assert used(sim_backend) == during - 4 * KiB  # the deferred free ran after the window
 
 
-def test_end_building_that_raises_gives_the_gate_back(core, facade) -> None:
+def test_end_building_that_raises_gives_the_gate_back(core: Any, facade: Any) -> None:
     integration.install(facade)
     builder = core.Device().create_graph_builder().begin_building()
     assert facade.gate.stats().open_captures == 1
@@ -126,7 +135,11 @@ def test_end_building_that_raises_gives_the_gate_back(core, facade) -> None:
     assert facade.gate.stats().open_captures == 0
 
 
-def three_captures(device, capture, during) -> None:
+def three_captures(
+    device: Any,
+    capture: Callable[[Any], AbstractContextManager[object]],
+    during: Callable[[], object],
+) -> None:
     """Three windows, each with an allocation made before it and one inside it."""
     stream = device.create_stream()
     for _ in range(3):
@@ -140,17 +153,21 @@ def three_captures(device, capture, during) -> None:
 
 
 @contextlib.contextmanager
-def _raw(builder):
+def _raw(builder: Any) -> Iterator[None]:
     builder.begin_building()
     yield
     builder.end_building()
 
 
 @pytest.mark.parametrize("how", ["bare", "installed", "capture-helper"])
-def test_three_captures_beside_a_neighbour(core, facade, sim_backend: SimBackend, how) -> None:
+def test_three_captures_beside_a_neighbour(
+    core: Any, facade: Any, sim_backend: SimBackend, how: str
+) -> None:
     if how == "installed":
         integration.install(facade)
-    capture = (lambda b: integration.capture(b, driver=facade)) if how == "capture-helper" else _raw
+    capture: Callable[[Any], AbstractContextManager[object]] = (
+        (lambda b: integration.capture(b, driver=facade)) if how == "capture-helper" else _raw
+    )
     with Neighbour(facade, sim_backend) as neighbour:
         if how == "bare":
             with pytest.raises(CaptureInvalidated):
@@ -161,7 +178,7 @@ def test_three_captures_beside_a_neighbour(core, facade, sim_backend: SimBackend
     assert facade.gate.stats().open_captures == 0
 
 
-def test_uninstall_is_refused_while_a_builder_is_building(core, facade) -> None:
+def test_uninstall_is_refused_while_a_builder_is_building(core: Any, facade: Any) -> None:
     integration.install(facade)
     builder = core.Device().create_graph_builder().begin_building()
     with pytest.raises(UsageError, match="still building"):
@@ -179,7 +196,7 @@ def test_install_patches_the_real_cuda_core_types_and_restores_them(
     builder_cls = real.GraphBuilder
     saved = {n: builder_cls.__dict__[n] for n in ("begin_building", "end_building", "close")}
     prop = core.Device.__dict__["memory_resource"]
-    facade = GatedDriver(sim_backend, CaptureGate())
+    facade: Any = GatedDriver(sim_backend, CaptureGate())  # a Backend with a gate
     with integration.installed(facade):
         assert builder_cls.__dict__["begin_building"] is not saved["begin_building"]
         assert core.Device.__dict__["memory_resource"] is not prop
@@ -192,7 +209,9 @@ def test_install_patches_the_real_cuda_core_types_and_restores_them(
     assert core.Device.__dict__["memory_resource"] is prop
 
 
-def test_a_buffer_allocated_in_one_window_and_freed_in_the_next_is_deferred(core, facade) -> None:
+def test_a_buffer_allocated_in_one_window_and_freed_in_the_next_is_deferred(
+    core: Any, facade: Any
+) -> None:
     integration.install(facade)
     device = core.Device()
     first = device.create_graph_builder().begin_building("relaxed")

@@ -15,13 +15,15 @@ import gc
 import threading
 import time
 import types
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 from capsafe.driver import GatedDriver
 from capsafe.errors import CaptureInvalidated, CudaError, UsageError
 from capsafe.gate import CaptureGate
-from capsafe.handles import CaptureMode, DevicePtr
+from capsafe.handles import CaptureMode, DevicePtr, Graph
 from capsafe.integrations import cupy as integration
 from capsafe.sim import SimBackend
 
@@ -38,7 +40,9 @@ class CUDARuntimeError(RuntimeError):
 class _Memory:
     """PythonFunctionAllocator's memory: malloc at creation, free on `release()`."""
 
-    def __init__(self, size, malloc, free) -> None:
+    def __init__(
+        self, size: int, malloc: Callable[[int, int], int], free: Callable[[int, int], None]
+    ) -> None:
         self.size, self._free = size, free
         self.ptr = malloc(size, 0)
 
@@ -49,33 +53,34 @@ class _Memory:
 
 
 class PythonFunctionAllocator:
-    def __init__(self, malloc, free) -> None:
+    def __init__(self, malloc: Callable[[int, int], int], free: Callable[[int, int], None]) -> None:
         self._malloc, self._free = malloc, free
 
-    def malloc(self, size):
+    def malloc(self, size: int) -> types.SimpleNamespace:
         return types.SimpleNamespace(mem=_Memory(size, self._malloc, self._free), ptr=None)
 
 
 class MemoryPool:
     """Caches released blocks by size; grows through its base allocator (thread-safe, as CuPy's)."""
 
-    def __init__(self, allocator=None) -> None:
+    def __init__(self, allocator: Any = None) -> None:
         self._allocator = allocator
-        self._free: dict[int, list] = {}
+        self._free: dict[int, list[_Memory]] = {}
         self._lock = threading.Lock()
 
-    def malloc(self, size):
+    def malloc(self, size: int) -> _Memory:
         with self._lock:
             cached = self._free.get(size)
             if cached:
                 return cached.pop()
-        return self._allocator(size).mem
+        mem: _Memory = self._allocator(size).mem
+        return mem
 
-    def free(self, mem) -> None:
+    def free(self, mem: _Memory) -> None:
         with self._lock:
             self._free.setdefault(mem.size, []).append(mem)
 
-    def free_all_blocks(self, stream=None) -> None:
+    def free_all_blocks(self, stream: object = None) -> None:
         with self._lock:
             mems, self._free = [m for ms in self._free.values() for m in ms], {}
         for mem in mems:
@@ -83,34 +88,34 @@ class MemoryPool:
 
 
 class PinnedMemoryPointer:
-    def __init__(self, mem, offset) -> None:
+    def __init__(self, mem: _Memory, offset: int) -> None:
         self.mem, self.ptr = mem, mem.ptr + offset
 
 
 class PinnedMemoryPool:
-    def __init__(self, allocator) -> None:
+    def __init__(self, allocator: Any) -> None:
         self._alloc = allocator
-        self._free: list = []
+        self._free: list[_Memory] = []
 
-    def malloc(self, size):
+    def malloc(self, size: int) -> PinnedMemoryPointer:
         return PinnedMemoryPointer(self._free.pop() if self._free else self._alloc(size).mem, 0)
 
     def free_all_blocks(self) -> None:
         self._free.clear()
 
 
-def fake_cupy(sim):
+def fake_cupy(sim: SimBackend) -> Any:
     """A fresh fake `cupy` whose streams capture on `sim` directly (no gate)."""
 
     def primary() -> None:  # the runtime makes device 0's primary context current on first use
         if sim.ctx_get_current() is None:
             sim.ctx_set_current(sim.primary_ctx_retain(sim.device_get(0)))
 
-    def free(ptr) -> None:
+    def free(ptr: int) -> None:
         primary()
         sim.mem_free(DevicePtr(ptr))
 
-    def malloc(size):  # cudaMalloc over the raw driver, as CuPy's runtime module does
+    def malloc(size: int) -> int:  # cudaMalloc over the raw driver, as CuPy's runtime module does
         primary()
         try:
             return sim.mem_alloc(size).value
@@ -131,17 +136,17 @@ def fake_cupy(sim):
     modes = {0: CaptureMode.GLOBAL, 1: CaptureMode.THREAD_LOCAL, 2: CaptureMode.RELAXED}
 
     class _BaseStream:
-        def __init__(self, non_blocking=True) -> None:
+        def __init__(self, non_blocking: bool = True) -> None:
             self.handle = sim.stream_create(nonblocking=non_blocking)
             self.ptr = self.handle.value
             self.is_non_blocking = non_blocking
             self.end_error: BaseException | None = None
             self.refuse_end: BaseException | None = None
 
-        def begin_capture(self, mode=None) -> None:
+        def begin_capture(self, mode: int | None = None) -> None:
             sim.stream_begin_capture(self.handle, modes[2 if mode is None else mode])
 
-        def end_capture(self):
+        def end_capture(self) -> Graph:
             if self.refuse_end is not None:  # the driver refuses: the capture stays open
                 raise self.refuse_end
             graph = sim.stream_end_capture(self.handle)
@@ -149,26 +154,26 @@ def fake_cupy(sim):
                 raise self.end_error
             return graph
 
-        def is_capturing(self):
+        def is_capturing(self) -> bool:
             return sim.stream_is_capturing(self.handle) == "active"
 
-        def __enter__(self):
+        def __enter__(self) -> _BaseStream:
             return self
 
-        def __exit__(self, *exc):
+        def __exit__(self, *exc: object) -> None:
             return None
 
     class Stream(_BaseStream):
         pass
 
-    state = {}
+    state: dict[str, Any] = {}
 
-    def set_allocator(allocator=None) -> None:
+    def set_allocator(allocator: object = None) -> None:
         if state.get("thread_local"):
             raise ValueError("set_allocator() cannot be called within using_allocator context")
         state["allocator"] = allocator
 
-    def set_pinned_memory_allocator(allocator=None) -> None:
+    def set_pinned_memory_allocator(allocator: object = None) -> None:
         state["pinned"] = allocator
 
     default_pool = MemoryPool(lambda size: None)
@@ -185,7 +190,7 @@ def fake_cupy(sim):
         get_device_id=lambda: 0,
         runtime=runtime,
     )
-    module = types.ModuleType("cupy")
+    module: Any = types.ModuleType("cupy")  # CuPy has no types: its fake neither
     module.cuda = cuda
     module._default_memory_pool = default_pool
     module._default_pinned_memory_pool = default_pinned
@@ -196,7 +201,7 @@ def fake_cupy(sim):
 
 
 @pytest.fixture
-def cupy(sim_backend: SimBackend, monkeypatch: pytest.MonkeyPatch):
+def cupy(sim_backend: SimBackend, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     fake = fake_cupy(sim_backend)
     monkeypatch.setitem(__import__("sys").modules, "cupy", fake)
     yield fake
@@ -206,16 +211,18 @@ def cupy(sim_backend: SimBackend, monkeypatch: pytest.MonkeyPatch):
 
 
 @pytest.fixture
-def facade(sim_backend: SimBackend):
+def facade(sim_backend: SimBackend) -> Any:
+    """A GatedDriver, used both as the Backend it stands for (driver.get() casts it so)
+    and for its gate: Any, as neither type alone says both."""
     return GatedDriver(sim_backend, CaptureGate())
 
 
-def used(sim) -> int:
+def used(sim: SimBackend) -> int:
     free, total = sim.mem_get_info()
     return total - free
 
 
-def test_install_is_idempotent_and_uninstall_restores_everything(cupy, facade) -> None:
+def test_install_is_idempotent_and_uninstall_restores_everything(cupy: Any, facade: Any) -> None:
     begin, end = cupy.cuda.Stream.begin_capture, cupy.cuda.Stream.end_capture
     allocator = cupy.cuda.get_allocator()
     pool, pinned = cupy._default_memory_pool, cupy._default_pinned_memory_pool
@@ -236,7 +243,7 @@ def test_install_is_idempotent_and_uninstall_restores_everything(cupy, facade) -
     assert cupy.state["pinned"] == pinned.malloc
 
 
-def test_an_install_cupy_refuses_changes_nothing(cupy, facade) -> None:
+def test_an_install_cupy_refuses_changes_nothing(cupy: Any, facade: Any) -> None:
     begin, allocator = cupy.cuda.Stream.begin_capture, cupy.cuda.get_allocator()
     cupy.state["thread_local"] = True  # inside `cupy.cuda.using_allocator`
     with pytest.raises(ValueError, match="using_allocator"):
@@ -245,7 +252,7 @@ def test_an_install_cupy_refuses_changes_nothing(cupy, facade) -> None:
     assert cupy.cuda.Stream.begin_capture is begin and cupy.cuda.get_allocator() is allocator
 
 
-def test_installed_block_undoes_only_its_own_install(cupy, facade) -> None:
+def test_installed_block_undoes_only_its_own_install(cupy: Any, facade: Any) -> None:
     with integration.installed(facade):
         assert integration.is_installed()
     assert not integration.is_installed()
@@ -256,7 +263,7 @@ def test_installed_block_undoes_only_its_own_install(cupy, facade) -> None:
 
 
 def test_capture_holds_the_gate_and_end_capture_releases_it_also_when_it_raises(
-    cupy, facade
+    cupy: Any, facade: Any
 ) -> None:
     integration.install(facade)
     stream = cupy.cuda.Stream()
@@ -277,7 +284,7 @@ def test_capture_holds_the_gate_and_end_capture_releases_it_also_when_it_raises(
 
 
 def test_an_end_capture_the_driver_refuses_keeps_the_gate_until_the_capture_ends(
-    cupy, facade
+    cupy: Any, facade: Any
 ) -> None:
     integration.install(facade)
     stream = cupy.cuda.Stream()
@@ -291,7 +298,7 @@ def test_an_end_capture_the_driver_refuses_keeps_the_gate_until_the_capture_ends
     assert facade.gate.stats().open_captures == 0
 
 
-def test_begin_capture_that_raises_gives_the_gate_back(cupy, facade) -> None:
+def test_begin_capture_that_raises_gives_the_gate_back(cupy: Any, facade: Any) -> None:
     integration.install(facade)
     stream = cupy.cuda.Stream()
     stream.begin_capture()
@@ -302,7 +309,7 @@ def test_begin_capture_that_raises_gives_the_gate_back(cupy, facade) -> None:
 
 
 def test_pool_growth_goes_through_the_gate_and_pool_hits_do_not(
-    cupy, facade, sim_backend: SimBackend
+    cupy: Any, facade: Any, sim_backend: SimBackend
 ) -> None:
     integration.install(facade)
     allocate = cupy.cuda.get_allocator()
@@ -316,7 +323,7 @@ def test_pool_growth_goes_through_the_gate_and_pool_hits_do_not(
 
 
 def test_free_on_the_capturing_thread_is_deferred_to_the_end_of_the_capture(
-    cupy, facade, sim_backend: SimBackend
+    cupy: Any, facade: Any, sim_backend: SimBackend
 ) -> None:
     integration.install(facade)
     pool = cupy._default_memory_pool
@@ -330,7 +337,7 @@ def test_free_on_the_capturing_thread_is_deferred_to_the_end_of_the_capture(
     assert used(sim_backend) == held - MiB
 
 
-def test_pinned_memory_goes_through_the_gate(cupy, facade) -> None:
+def test_pinned_memory_goes_through_the_gate(cupy: Any, facade: Any) -> None:
     integration.install(facade)
     entered = facade.gate.stats().shared_entered
     pointer = cupy.state["pinned"](4096)
@@ -341,7 +348,7 @@ def test_pinned_memory_goes_through_the_gate(cupy, facade) -> None:
     assert facade.gate.stats().shared_entered == entered + 2  # cuMemFreeHost at collection
 
 
-def test_out_of_memory_reads_as_cupys_own_error(cupy, facade) -> None:
+def test_out_of_memory_reads_as_cupys_own_error(cupy: Any, facade: Any) -> None:
     integration.install(facade)
     with pytest.raises(CUDARuntimeError) as caught:
         cupy.cuda.get_allocator()(1 << 50)
@@ -355,7 +362,7 @@ class Neighbour:
     so a test can wait until it has run inside a window instead of sleeping.
     """
 
-    def __init__(self, facade, sim_backend: SimBackend) -> None:
+    def __init__(self, facade: Any, sim_backend: SimBackend) -> None:
         self.calls = 0
         self._stop = threading.Event()
         context = sim_backend.ctx_get_current()
@@ -387,7 +394,7 @@ class Neighbour:
 
 @pytest.mark.parametrize("installed", [False, True], ids=["bare", "installed"])
 def test_a_neighbours_synchronize_breaks_a_cupy_capture_unless_installed(
-    cupy, facade, sim_backend: SimBackend, installed
+    cupy: Any, facade: Any, sim_backend: SimBackend, installed: bool
 ) -> None:
     if installed:
         integration.install(facade)
@@ -403,7 +410,7 @@ def test_a_neighbours_synchronize_breaks_a_cupy_capture_unless_installed(
                 stream.end_capture()
 
 
-def test_capture_block_for_new_code(cupy, facade, sim_backend: SimBackend) -> None:
+def test_capture_block_for_new_code(cupy: Any, facade: Any, sim_backend: SimBackend) -> None:
     stream = cupy.cuda.Stream()
     with Neighbour(facade, sim_backend):
         with integration.capture(stream, "global", driver=facade) as cap:
@@ -415,7 +422,7 @@ def test_capture_block_for_new_code(cupy, facade, sim_backend: SimBackend) -> No
     assert sim_backend.stream_is_capturing(stream.handle) == "none"
 
 
-def test_uninstall_is_refused_while_a_capture_is_open(cupy, facade) -> None:
+def test_uninstall_is_refused_while_a_capture_is_open(cupy: Any, facade: Any) -> None:
     integration.install(facade)
     stream = cupy.cuda.Stream()
     stream.begin_capture()
@@ -425,7 +432,7 @@ def test_uninstall_is_refused_while_a_capture_is_open(cupy, facade) -> None:
     assert integration.uninstall()
 
 
-def test_release_all_frees_a_gate_left_by_an_unended_capture(cupy, facade) -> None:
+def test_release_all_frees_a_gate_left_by_an_unended_capture(cupy: Any, facade: Any) -> None:
     integration.install(facade)
     stream = cupy.cuda.Stream()
     stream.begin_capture()
@@ -436,7 +443,7 @@ def test_release_all_frees_a_gate_left_by_an_unended_capture(cupy, facade) -> No
 
 
 def test_stress_captures_on_many_threads_beside_pool_growth(
-    cupy, facade, sim_backend: SimBackend
+    cupy: Any, facade: Any, sim_backend: SimBackend
 ) -> None:
     # GLOBAL captures on four threads while two threads grow and shrink the pool: every
     # capture survives, no thread starves, and the watchdog (pytest-timeout) sees no hang.
