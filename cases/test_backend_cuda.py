@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import ctypes
 import types
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from capsafe import backend_cuda, hazards
+from capsafe.backend import Backend, KernelArg
 from capsafe.backend_cuda import CudaBackend, unavailable_reason
 from capsafe.errors import CaptureInvalidated, CudaError, UsageError
 from capsafe.handles import LEGACY_STREAM, CaptureMode, CaptureStatus, DevicePtr, Stream
@@ -26,7 +29,7 @@ def test_unavailable_reason_is_one_line_or_none_and_cached() -> None:
 
 
 @pytest.fixture
-def fake_driver(monkeypatch: pytest.MonkeyPatch):
+def fake_driver(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.SimpleNamespace]:
     """Swap the cuda.bindings driver module for a namespace the test fills in."""
     fake = types.SimpleNamespace(CUresult=CUresult, CUstream=driver_api.CUstream)
     monkeypatch.setattr(backend_cuda, "_driver_module", lambda: fake)
@@ -35,23 +38,27 @@ def fake_driver(monkeypatch: pytest.MonkeyPatch):
     backend_cuda.unavailable_reason.cache_clear()
 
 
-def test_unavailable_reason_without_bindings(monkeypatch: pytest.MonkeyPatch, fake_driver) -> None:
+def test_unavailable_reason_without_bindings(
+    monkeypatch: pytest.MonkeyPatch, fake_driver: types.SimpleNamespace
+) -> None:
     def missing() -> None:
         raise ImportError("No module named 'cuda'")
 
     monkeypatch.setattr(backend_cuda, "_driver_module", missing)
-    assert "cuda-bindings is not installed" in unavailable_reason()
+    assert "cuda-bindings is not installed" in (unavailable_reason() or "")
 
 
-def test_unavailable_reason_when_the_driver_library_is_missing(fake_driver) -> None:
-    def no_library(flags) -> None:
+def test_unavailable_reason_when_the_driver_library_is_missing(
+    fake_driver: types.SimpleNamespace,
+) -> None:
+    def no_library(flags: int) -> None:
         raise RuntimeError('"cuda" is an NVIDIA driver library and can only be found ...')
 
     fake_driver.cuInit = no_library
-    assert unavailable_reason().startswith("no NVIDIA driver found")
+    assert (unavailable_reason() or "").startswith("no NVIDIA driver found")
 
 
-def test_unavailable_reason_with_a_driver_but_no_device(fake_driver) -> None:
+def test_unavailable_reason_with_a_driver_but_no_device(fake_driver: types.SimpleNamespace) -> None:
     fake_driver.cuInit = lambda flags: (CUresult.CUDA_ERROR_NO_DEVICE,)
     assert unavailable_reason() == "driver found but no CUDA device"
     backend_cuda.unavailable_reason.cache_clear()
@@ -60,7 +67,9 @@ def test_unavailable_reason_with_a_driver_but_no_device(fake_driver) -> None:
     assert unavailable_reason() == "driver found but no CUDA device"
 
 
-def test_driver_errors_carry_the_result_name_and_the_call(fake_driver) -> None:
+def test_driver_errors_carry_the_result_name_and_the_call(
+    fake_driver: types.SimpleNamespace,
+) -> None:
     results = iter(
         [
             CUresult.CUDA_SUCCESS,
@@ -84,6 +93,7 @@ def test_driver_errors_carry_the_result_name_and_the_call(fake_driver) -> None:
 def test_kernel_params_point_at_each_argument_value() -> None:
     params = backend_cuda._KernelParams([DevicePtr(0xABC000), ctypes.c_int(-3)])
     slots = (ctypes.c_void_p * 2).from_address(params.address)
+    assert slots[0] is not None and slots[1] is not None
     assert ctypes.c_void_p.from_address(slots[0]).value == 0xABC000
     assert ctypes.c_int.from_address(slots[1]).value == -3
     assert backend_cuda._KernelParams([]).address == 0
@@ -91,7 +101,8 @@ def test_kernel_params_point_at_each_argument_value() -> None:
 
 def test_kernel_params_refuse_a_bare_int() -> None:
     with pytest.raises(UsageError, match="kernel argument 0 is a int"):
-        backend_cuda._KernelParams([3])
+        not_an_argument: Any = 3  # what the type forbids, as an untyped caller passes it
+        backend_cuda._KernelParams([not_an_argument])
 
 
 # -- GPU ----------------------------------------------------------------------
@@ -106,7 +117,7 @@ N = 1 << 16
 
 
 @pytest.fixture
-def gpu():
+def gpu() -> Backend:
     """A real backend with device 0's primary context bound in this thread."""
     from capsafe.context import CudaDevice
 
@@ -116,14 +127,14 @@ def gpu():
 
 
 @pytest.fixture
-def buffer(gpu):
+def buffer(gpu: Backend) -> Iterator[DevicePtr]:
     ptr = gpu.mem_alloc(N)
     yield ptr
     gpu.mem_free(ptr)
 
 
 @pytest.mark.cuda
-def test_data_round_trips_sync_and_async(gpu, buffer) -> None:
+def test_data_round_trips_sync_and_async(gpu: Backend, buffer: DevicePtr) -> None:
     data = bytes(range(256)) * (N // 256)
     gpu.memcpy_htod(buffer, data)
     back = bytearray(N)
@@ -143,7 +154,7 @@ def test_data_round_trips_sync_and_async(gpu, buffer) -> None:
 
 
 @pytest.mark.cuda
-def test_legacy_stream_waits_for_blocking_streams(gpu, buffer) -> None:
+def test_legacy_stream_waits_for_blocking_streams(gpu: Backend, buffer: DevicePtr) -> None:
     blocking = gpu.stream_create(nonblocking=False)
     try:
         gpu.memset_d8(buffer, 0, N)
@@ -157,7 +168,7 @@ def test_legacy_stream_waits_for_blocking_streams(gpu, buffer) -> None:
 
 
 @pytest.mark.cuda
-def test_capture_then_graph_launch_replays_the_work(gpu, buffer) -> None:
+def test_capture_then_graph_launch_replays_the_work(gpu: Backend, buffer: DevicePtr) -> None:
     stream = gpu.stream_create(nonblocking=True)
     try:
         gpu.memset_d8(buffer, 0, N)
@@ -180,7 +191,7 @@ def test_capture_then_graph_launch_replays_the_work(gpu, buffer) -> None:
 
 
 @pytest.mark.cuda
-def test_nvrtc_cubin_loads_and_launches(gpu, buffer) -> None:
+def test_nvrtc_cubin_loads_and_launches(gpu: Backend, buffer: DevicePtr) -> None:
     out = backend_cuda.nvrtc_compile(
         FILL_SOURCE, "fill.cu", ["--gpu-architecture=sm_90"], {}, "cubin"
     )
@@ -188,7 +199,7 @@ def test_nvrtc_cubin_loads_and_launches(gpu, buffer) -> None:
     try:
         fill = gpu.module_get_function(module, "fill")
         stream = gpu.stream_create(nonblocking=True)
-        args = [buffer, ctypes.c_int(N), ctypes.c_ubyte(3)]
+        args: list[KernelArg] = [buffer, ctypes.c_int(N), ctypes.c_ubyte(3)]
         gpu.launch_kernel(fill, ((N + 255) // 256, 1, 1), (256, 1, 1), args, stream)
         gpu.stream_synchronize(stream)
         gpu.stream_destroy(stream)
@@ -206,7 +217,7 @@ def test_nvrtc_cubin_loads_and_launches(gpu, buffer) -> None:
 
 
 @pytest.mark.cuda
-def test_hand_written_ptx_loads(gpu) -> None:
+def test_hand_written_ptx_loads(gpu: Backend) -> None:
     from capsafe.hazard_actions import NOOP_KERNEL, NOOP_PTX
 
     module = gpu.module_load_data(NOOP_PTX.rstrip(b"\0"))  # the backend adds the NUL
@@ -217,7 +228,7 @@ def test_hand_written_ptx_loads(gpu) -> None:
 
 
 @pytest.mark.cuda
-def test_a_global_capture_is_invalidated_by_an_allocation(gpu) -> None:
+def test_a_global_capture_is_invalidated_by_an_allocation(gpu: Backend) -> None:
     stream = gpu.stream_create(nonblocking=True)
     try:
         gpu.stream_begin_capture(stream, CaptureMode.GLOBAL)
@@ -232,7 +243,7 @@ def test_a_global_capture_is_invalidated_by_an_allocation(gpu) -> None:
 
 
 @pytest.mark.cuda
-def test_events_vmm_and_device_queries(gpu) -> None:
+def test_events_vmm_and_device_queries(gpu: Backend) -> None:
     device = gpu.device_get(0)
     assert gpu.device_get_count() >= 1
     assert gpu.device_get_name(device)
@@ -270,7 +281,7 @@ def test_events_vmm_and_device_queries(gpu) -> None:
 
 
 @pytest.mark.cuda
-def test_device_ordinal_out_of_range_is_one_line(gpu) -> None:
+def test_device_ordinal_out_of_range_is_one_line(gpu: Backend) -> None:
     from capsafe.context import CudaDevice
 
     count = gpu.device_get_count()
@@ -279,7 +290,7 @@ def test_device_ordinal_out_of_range_is_one_line(gpu) -> None:
 
 
 @pytest.mark.cuda
-def test_cuda_device_binds_its_primary_context_in_each_thread(gpu) -> None:
+def test_cuda_device_binds_its_primary_context_in_each_thread(gpu: Backend) -> None:
     import threading
 
     from capsafe.context import CudaDevice
