@@ -6,14 +6,16 @@ import dataclasses
 import re
 import subprocess
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from capsafe import nvrtc
-from capsafe.backend import Backend
+from capsafe import backend_cuda, nvrtc
 from capsafe.backend_cuda import NvrtcCompileError, NvrtcOutput
 from capsafe.errors import CudaError, UsageError
+from capsafe.handles import Device
 from capsafe.kernel_cache import KernelCache, cache_key
 from capsafe.nvrtc import KernelSpec, normalize_arch, spec_key
 
@@ -23,7 +25,9 @@ SOURCE = (
 VERSION = (13, 5)
 
 
-def key(spec: KernelSpec, arch: str = "sm_90", kind: str = "ptx", version=VERSION) -> str:
+def key(
+    spec: KernelSpec, arch: str = "sm_90", kind: str = "ptx", version: tuple[int, int] = VERSION
+) -> str:
     return spec_key(spec, arch, kind, version)
 
 
@@ -64,12 +68,13 @@ BASE = KernelSpec(SOURCE, "k.cu", ("-lineinfo",), {"scale.h": "#define SCALE 2.0
         "nvrtc-version",
     ],
 )
-def test_every_input_changes_the_key(changed) -> None:
+def test_every_input_changes_the_key(changed: Callable[[], str]) -> None:
     assert changed() != key(BASE)
 
 
 def test_the_key_is_stable() -> None:
-    again = KernelSpec(SOURCE, "k.cu", ["-lineinfo"], {"scale.h": "#define SCALE 2.0f\n"})
+    options: Any = ["-lineinfo"]  # a list where the type says tuple, as an untyped caller passes
+    again = KernelSpec(SOURCE, "k.cu", options, {"scale.h": "#define SCALE 2.0f\n"})
     assert key(again) == key(BASE)
 
 
@@ -126,7 +131,7 @@ def test_include_cycles_terminate() -> None:
         ("SM_90a", "cubin", "sm_90a"),
     ],
 )
-def test_normalize_arch(given, kind: str, expected: str) -> None:
+def test_normalize_arch(given: str | int | tuple[int, int], kind: str, expected: str) -> None:
     assert normalize_arch(given, kind) == expected
 
 
@@ -220,31 +225,35 @@ class FakeBackend:
     """Just what the loader touches: attributes and module_load_data."""
 
     def __init__(self, refuse: str | None) -> None:
-        self.refuse, self.loaded = refuse, []
+        self.refuse = refuse
+        self.loaded: list[bytes] = []
 
-    def device_get_attribute(self, device, attribute: str) -> int:
+    def device_get_attribute(self, device: Device, attribute: str) -> int:
         return {"COMPUTE_CAPABILITY_MAJOR": 9, "COMPUTE_CAPABILITY_MINOR": 0}[attribute]
 
-    def module_load_data(self, image: bytes):
+    def module_load_data(self, image: bytes) -> int:
         if self.refuse and not image.startswith(b"\x7fELF"):
             raise CudaError(self.refuse, "cuModuleLoadData")
         self.loaded.append(image)
         return len(self.loaded)
 
 
-def fake_compiler(calls: list[str]):
-    def compile(source, name, options, headers, kind) -> NvrtcOutput:
+def fake_compiler(calls: list[str]) -> Callable[..., NvrtcOutput]:
+    def compile(
+        source: str, name: str, options: Sequence[str], headers: Mapping[str, str], kind: str
+    ) -> NvrtcOutput:
         calls.append(kind)
         return NvrtcOutput(b"\x7fELF cubin" if kind == "cubin" else b".version 9.5\n", "")
 
     return compile
 
 
-def _load(backend: Backend, cache: KernelCache, calls: list[str]) -> nvrtc.LoadedModule:
+def _load(backend: Any, cache: KernelCache, calls: list[str]) -> nvrtc.LoadedModule:
+    """`backend`: a FakeBackend, standing in for the two methods of a Backend the loader calls."""
     spec = KernelSpec(SOURCE, headers={"scale.h": "#define SCALE 2.0f\n"})
     artifact = nvrtc.compile_spec(
         spec,
-        arch=nvrtc.device_arch(backend, None),
+        arch=nvrtc.device_arch(backend, Device(0)),
         cache=cache,
         compiler=fake_compiler(calls),
         nvrtc_version=VERSION,
@@ -257,9 +266,10 @@ def test_refused_ptx_falls_back_to_a_cached_cubin(
     cache: KernelCache, result: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[str] = []
-    monkeypatch.setattr(nvrtc.backend_cuda, "nvrtc_compile", fake_compiler(calls))
+    monkeypatch.setattr(backend_cuda, "nvrtc_compile", fake_compiler(calls))  # nvrtc calls it there
     monkeypatch.setattr(nvrtc, "installed_nvrtc_version", lambda: VERSION)
     loaded = _load(FakeBackend(result), cache, calls)
+    assert loaded.refused is not None
     assert loaded.refused.result == result and loaded.artifact.kind == "cubin"
     assert loaded.artifact.arch == "sm_90" and calls == ["ptx", "cubin"]
     again = _load(FakeBackend(result), cache, calls)
@@ -290,6 +300,7 @@ def test_sim_driver_refuses_new_ptx_and_loads_the_cubin(cache: KernelCache) -> N
     image = re.sub(rb"^\.version \d+\.\d+", b".version 99.9", ptx.image, count=1, flags=re.M)
     newest = dataclasses.replace(ptx, image=image)
     loaded = nvrtc.load_artifact(newest, spec, backend, cache=cache)
+    assert loaded.refused is not None
     assert loaded.refused.result == "CUDA_ERROR_UNSUPPORTED_PTX_VERSION"
     assert loaded.artifact.kind == "cubin" and not loaded.artifact.cached
     assert backend.module_get_function(loaded.module, "fill").name == "fill"
