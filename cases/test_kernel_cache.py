@@ -8,7 +8,9 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, NoReturn
 
 import pytest
 
@@ -18,6 +20,7 @@ from capsafe.kernel_cache import (
     DEFAULT_MAX_BYTES,
     HEADER_SIZE,
     KernelCache,
+    Lookup,
     OnceWarner,
     cache_key,
     default_directory,
@@ -33,8 +36,8 @@ class FakeCompiler:
         self.size, self.delay = size, delay
         self._lock = threading.Lock()
 
-    def for_key(self, key: str):
-        def compile():
+    def for_key(self, key: str) -> Callable[[], tuple[bytes, dict[str, str]]]:
+        def compile() -> tuple[bytes, dict[str, str]]:
             with self._lock:
                 self.calls += 1
             if self.delay:
@@ -62,7 +65,7 @@ def cache(tmp_path: Path, warner: OnceWarner) -> KernelCache:
     return KernelCache(tmp_path / "cache", warn=warner)
 
 
-def lookup(cache: KernelCache, compiler: FakeCompiler, n: int = 0, kind: str = "ptx"):
+def lookup(cache: KernelCache, compiler: FakeCompiler, n: int = 0, kind: str = "ptx") -> Lookup:
     key = key_of(n)
     return cache.get_or_compile(key, kind, compiler.for_key(key))
 
@@ -104,7 +107,7 @@ def test_disabled_cache_compiles_every_time(tmp_path: Path) -> None:
 
 
 def test_compile_errors_propagate_and_publish_nothing(cache: KernelCache) -> None:
-    def broken() -> None:
+    def broken() -> NoReturn:
         raise RuntimeError("bad source")
 
     with pytest.raises(RuntimeError, match="bad source"):
@@ -146,7 +149,9 @@ def _flip_header(data: bytes) -> bytes:
         "grown",
     ],
 )
-def test_damaged_entries_recompile_and_heal(cache: KernelCache, damage) -> None:
+def test_damaged_entries_recompile_and_heal(
+    cache: KernelCache, damage: Callable[[bytes], bytes]
+) -> None:
     compiler = FakeCompiler()
     lookup(cache, compiler)
     path = cache.entry_path(key_of(0))
@@ -200,8 +205,8 @@ def test_symlink_at_temp_path_is_never_written_through(
     assert not path.exists()
 
 
-def _raise(code: int):
-    def fail(*args, **kwargs) -> None:
+def _raise(code: int) -> Callable[..., NoReturn]:
+    def fail(*args: object, **kwargs: object) -> NoReturn:
         raise OSError(code, os.strerror(code))
 
     return fail
@@ -214,7 +219,7 @@ def test_publish_failures_fall_through_to_compiling(
     cache: KernelCache, monkeypatch: pytest.MonkeyPatch, warner: OnceWarner, code: int
 ) -> None:
     compiler = FakeCompiler()
-    monkeypatch.setattr(kernel_cache.os, "replace", _raise(code))
+    monkeypatch.setattr(os, "replace", _raise(code))
     assert lookup(cache, compiler).payload == payload_for(key_of(0))
     assert lookup(cache, compiler).payload == payload_for(key_of(0))
     monkeypatch.undo()
@@ -226,7 +231,7 @@ def test_publish_failures_fall_through_to_compiling(
 def test_disk_full_while_writing_falls_through(
     cache: KernelCache, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(kernel_cache.os, "write", _raise(errno.ENOSPC))
+    monkeypatch.setattr(os, "write", _raise(errno.ENOSPC))
     made = lookup(cache, FakeCompiler())
     monkeypatch.undo()
     assert made.payload == payload_for(key_of(0))
@@ -241,12 +246,12 @@ def test_read_failures_fall_through_to_compiling(
     lookup(cache, compiler)
     real_open = os.open
 
-    def failing_open(path, flags, *args, **kwargs):
+    def failing_open(path: str, flags: int, *args: Any, **kwargs: Any) -> int:
         if kwargs.get("dir_fd") is not None and not flags & (os.O_CREAT | os.O_DIRECTORY):
             raise OSError(code, os.strerror(code))  # reading an entry file
         return real_open(path, flags, *args, **kwargs)
 
-    monkeypatch.setattr(kernel_cache.os, "open", failing_open)
+    monkeypatch.setattr(os, "open", failing_open)
     assert lookup(cache, compiler).payload == payload_for(key_of(0))
     assert compiler.calls == 2
 
@@ -264,13 +269,13 @@ def test_read_only_cache_directory_never_raises(
     # chmod does not stop root (tests may run as root); EROFS on every create does.
     real_open = os.open
 
-    def read_only_open(path, flags, *args, **kwargs):
+    def read_only_open(path: str, flags: int, *args: Any, **kwargs: Any) -> int:
         if flags & os.O_CREAT:
             raise OSError(errno.EROFS, "Read-only file system")
         return real_open(path, flags, *args, **kwargs)
 
-    monkeypatch.setattr(kernel_cache.os, "open", read_only_open)
-    monkeypatch.setattr(kernel_cache.os, "makedirs", _raise(errno.EROFS))
+    monkeypatch.setattr(os, "open", read_only_open)
+    monkeypatch.setattr(os, "makedirs", _raise(errno.EROFS))
     try:
         assert lookup(cache, compiler, 0).hit  # reads still work
         assert lookup(cache, compiler, 1).payload == payload_for(key_of(1))
@@ -286,7 +291,7 @@ def test_read_only_cache_directory_never_raises(
 def test_problems_warn_once_per_process(
     cache: KernelCache, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(kernel_cache.os, "replace", _raise(errno.ENOSPC))
+    monkeypatch.setattr(os, "replace", _raise(errno.ENOSPC))
     compiler = FakeCompiler()
     with caplog.at_level(logging.WARNING, logger="capsafe.kernel_cache"):
         for n in range(3):
@@ -322,7 +327,7 @@ def test_directory_of_another_user_is_refused(
         os.chown(directory, 4242, -1)
     else:
         owner = os.stat(directory).st_uid
-        monkeypatch.setattr(kernel_cache.os, "geteuid", lambda: owner + 1)
+        monkeypatch.setattr(os, "geteuid", lambda: owner + 1)
     cache = KernelCache(directory, warn=warner)
     assert not cache.usable()
     assert not lookup(cache, FakeCompiler()).hit
