@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import random
@@ -9,6 +10,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import Any, cast
 
 import pytest
 
@@ -18,7 +21,7 @@ from capsafe.capturing import Capture, capture
 from capsafe.driver import GatedDriver
 from capsafe.errors import CapsafeError, CaptureInvalidated, CudaError, UsageError
 from capsafe.gate import CaptureGate
-from capsafe.handles import LEGACY_STREAM, CaptureMode
+from capsafe.handles import LEGACY_STREAM, CaptureMode, Context
 from capsafe.hazard_calls import METHOD_CALLS
 from capsafe.sim import SimBackend
 
@@ -27,18 +30,24 @@ JOIN_S = 10.0
 N = 4096
 
 
-def on_thread(backend: Backend, fn, name: str = "other") -> threading.Thread:
+class _Thread(threading.Thread):
+    """A thread that keeps what it raised, for `join` to raise again."""
+
+    errors: list[BaseException]
+
+
+def on_thread(backend: Backend, fn: Callable[[], object], name: str = "other") -> _Thread:
     """Run `fn` on a new thread with the backend's current context bound; errors kept."""
     context = backend.ctx_get_current()
-    thread = threading.Thread(
-        target=lambda: _bound(backend, context, fn, thread), name=name, daemon=True
-    )
-    thread.errors = []  # type: ignore[attr-defined]
+    thread = _Thread(target=lambda: _bound(backend, context, fn, thread), name=name, daemon=True)
+    thread.errors = []
     thread.start()
     return thread
 
 
-def _bound(backend: Backend, context, fn, thread) -> None:
+def _bound(
+    backend: Backend, context: Context | None, fn: Callable[[], object], thread: _Thread
+) -> None:
     try:
         backend.ctx_set_current(context)
         fn()
@@ -46,15 +55,17 @@ def _bound(backend: Backend, context, fn, thread) -> None:
         thread.errors.append(exc)
 
 
-def join(thread: threading.Thread) -> None:
+def join(thread: _Thread) -> None:
     thread.join(JOIN_S)
     assert not thread.is_alive(), f"{thread.name} still blocked after {JOIN_S} s"
-    if thread.errors:  # type: ignore[attr-defined]
-        raise thread.errors[0]  # type: ignore[attr-defined]
+    if thread.errors:
+        raise thread.errors[0]
 
 
 @pytest.fixture
-def gated(backend: Backend) -> GatedDriver:
+def gated(backend: Backend) -> Any:
+    """A GatedDriver, used both as the Backend it stands for (driver.get() casts it so)
+    and for its gate: Any, as neither type alone says both."""
     return GatedDriver(backend, CaptureGate())
 
 
@@ -105,14 +116,17 @@ def test_a_misspelled_capture_mode_is_a_one_line_usage_error(sim_backend: SimBac
     sim_backend.stream_destroy(stream)
 
 
-def test_other_threads_allocation_waits_for_the_capture_instead_of_breaking_it(gated) -> None:
+def test_other_threads_allocation_waits_for_the_capture_instead_of_breaking_it(gated: Any) -> None:
     stream, buf = gated.stream_create(), gated.mem_alloc(N)
     allocated = threading.Event()
     with capture(stream, "global", driver=gated) as cap:
         gated.memset_d8_async(buf, 7, N, stream)
-        other = on_thread(
-            gated.backend, lambda: (gated.mem_free(gated.mem_alloc(N)), allocated.set())
-        )
+
+        def other_steps() -> None:
+            gated.mem_free(gated.mem_alloc(N))
+            allocated.set()
+
+        other = on_thread(gated.backend, other_steps)
         other.join(0.1)
         assert not allocated.is_set(), "an allocation ran inside a GLOBAL capture window"
     join(other)
@@ -124,7 +138,7 @@ def test_other_threads_allocation_waits_for_the_capture_instead_of_breaking_it(g
 def test_measured_policy_lets_an_allocation_run_beside_a_relaxed_capture(
     sim_backend: SimBackend,
 ) -> None:
-    facade = GatedDriver(sim_backend, CaptureGate(), policy="measured")
+    facade: Any = GatedDriver(sim_backend, CaptureGate(), policy="measured")
     stream = facade.stream_create()
     with capture(stream, CaptureMode.RELAXED, driver=facade):
         other = on_thread(sim_backend, lambda: facade.mem_free(facade.mem_alloc(N)))
@@ -142,7 +156,7 @@ class DeviceBuffer:
         self.drv.mem_free(self.ptr)
 
 
-def test_finalizer_freeing_memory_mid_capture_is_deferred_not_fatal(gated) -> None:
+def test_finalizer_freeing_memory_mid_capture_is_deferred_not_fatal(gated: Any) -> None:
     stream, buf = gated.stream_create(), gated.mem_alloc(N)
     doomed = DeviceBuffer(gated)
     ptr = doomed.ptr
@@ -161,7 +175,7 @@ def test_finalizer_freeing_memory_mid_capture_is_deferred_not_fatal(gated) -> No
 def test_invalidated_capture_names_stream_mode_and_the_ungated_calls(
     sim_backend: SimBackend,
 ) -> None:
-    ungated = GatedDriver(sim_backend, None)
+    ungated: Any = GatedDriver(sim_backend, None)
     stream = ungated.stream_create()
     with pytest.raises(CaptureInvalidated) as info, capture(stream, "global", driver=ungated):
         join(on_thread(sim_backend, lambda: _expect_cuda_error(ungated), "intruder"))
@@ -176,7 +190,7 @@ def _expect_cuda_error(drv: Backend) -> None:
 
 
 def test_capture_body_error_destroys_the_graph_and_propagates(sim_backend: SimBackend) -> None:
-    facade = GatedDriver(sim_backend, CaptureGate())
+    facade: Any = GatedDriver(sim_backend, CaptureGate())
     stream = facade.stream_create()
     cap = Capture(stream, "thread_local", facade)
     with pytest.raises(KeyError), cap:
@@ -189,7 +203,7 @@ def test_get_returns_the_gated_facade_and_raw_the_backend() -> None:
     facade = driver.get()
     assert isinstance(facade, GatedDriver) and isinstance(facade, Backend)
     assert facade.gated and facade.backend is driver.raw()
-    assert driver.get(gated=False).gate is None
+    assert cast(GatedDriver, driver.get(gated=False)).gate is None
 
 
 def test_capsafe_gate_0_turns_gating_off() -> None:
@@ -206,7 +220,7 @@ def test_capsafe_gate_0_turns_gating_off() -> None:
     assert out.stdout.split() == ["False", "sim"]
 
 
-def test_stress_threads_mixing_gated_calls_and_captures_never_break_a_capture(gated) -> None:
+def test_stress_threads_mixing_gated_calls_and_captures_never_break_a_capture(gated: Any) -> None:
     """8 threads, random mixes of capture-breaking calls and captures, for ~1.5 s."""
     stop_at = time.monotonic() + 1.5
     failures: list[BaseException] = []
@@ -236,7 +250,9 @@ def test_stress_threads_mixing_gated_calls_and_captures_never_break_a_capture(ga
             gated.mem_free(buf)
             gated.stream_destroy(stream)
 
-    threads = [on_thread(gated.backend, lambda i=i: worker(i), f"stress-{i}") for i in range(8)]
+    threads = [
+        on_thread(gated.backend, functools.partial(worker, i), f"stress-{i}") for i in range(8)
+    ]
     for thread in threads:
         join(thread)
     assert not failures, failures[0]

@@ -74,7 +74,12 @@ def test_capture_waits_for_a_shared_section_already_running() -> None:
     holder = spawn(lambda: hold_section(g, entered, leave))
     assert entered.wait(JOIN_S)
     got = threading.Event()
-    capturer = spawn(lambda: (g.begin_capture(timeout=JOIN_S).release(), got.set()))
+
+    def capturer_steps() -> None:
+        g.begin_capture(timeout=JOIN_S).release()
+        got.set()
+
+    capturer = spawn(capturer_steps)
     assert blocked(capturer)
     assert not got.is_set()
     leave.set()
@@ -98,7 +103,12 @@ def test_capturing_thread_bypasses_its_own_gate() -> None:
 def test_open_capture_blocks_new_sections_on_other_threads() -> None:
     g = CaptureGate()
     guard = g.begin_capture(timeout=1)
-    other = spawn(lambda: g.enter() or g.exit())
+
+    def other_steps() -> None:
+        g.enter()
+        g.exit()
+
+    other = spawn(other_steps)
     assert blocked(other)
     guard.release()
     join(other)
@@ -111,11 +121,22 @@ def test_waiting_capture_blocks_new_sections_writer_preference() -> None:
     holder = spawn(lambda: hold_section(g, entered, leave), "holder")
     assert entered.wait(JOIN_S)
     captured = threading.Event()
-    capturer = spawn(lambda: (g.begin_capture(timeout=JOIN_S).release(), captured.set()))
+
+    def capturer_steps() -> None:
+        g.begin_capture(timeout=JOIN_S).release()
+        captured.set()
+
+    capturer = spawn(capturer_steps)
     while not g._closed:  # the capture is now waiting
         time.sleep(0.001)
     late = threading.Event()
-    reader = spawn(lambda: (g.enter(), late.set(), g.exit()), "late-reader")
+
+    def reader_steps() -> None:
+        g.enter()
+        late.set()
+        g.exit()
+
+    reader = spawn(reader_steps, "late-reader")
     assert blocked(reader), "a new section got past a waiting capture"
     leave.set()
     join(holder)
@@ -169,7 +190,12 @@ def test_two_threads_in_sections_both_beginning_a_capture_do_not_deadlock() -> N
 def test_guard_released_from_another_thread_opens_the_gate() -> None:
     g = CaptureGate()
     guard = g.begin_capture(timeout=1)
-    reader = spawn(lambda: g.enter() or g.exit())
+
+    def reader_steps() -> None:
+        g.enter()
+        g.exit()
+
+    reader = spawn(reader_steps)
     assert blocked(reader)
     releaser = spawn(guard.release, "releaser")
     join(releaser)
@@ -203,7 +229,12 @@ def test_measured_sections_run_beside_a_capture_they_cannot_break() -> None:
     guard = g.begin_capture(harmful=frozenset({"mem_alloc"}), timeout=1)
     safe = spawn(lambda: g.shared("mem_get_info").__enter__())
     join(safe)  # entered without waiting (it stays inside: its thread ended)
-    unsafe = spawn(lambda: (g.enter("mem_alloc"), g.exit()))
+
+    def unsafe_steps() -> None:
+        g.enter("mem_alloc")
+        g.exit()
+
+    unsafe = spawn(unsafe_steps)
     assert blocked(unsafe)
     guard.release()
     join(unsafe)
@@ -213,7 +244,12 @@ def test_measured_sections_run_beside_a_capture_they_cannot_break() -> None:
 def test_unnamed_sections_wait_under_a_measured_capture() -> None:
     g = CaptureGate()
     guard = g.begin_capture(harmful=frozenset({"mem_alloc"}), timeout=1)
-    other = spawn(lambda: (g.enter(), g.exit()))
+
+    def other_steps() -> None:
+        g.enter()
+        g.exit()
+
+    other = spawn(other_steps)
     assert blocked(other)
     guard.release()
     join(other)
