@@ -5,12 +5,22 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 
+from capsafe.backend import Dim3
 from capsafe.errors import CudaError, UsageError
-from capsafe.handles import Device, Event, Function, Module, Stream
-from capsafe.sim import SimBackend, kernel_standin, register_kernel, unregister_kernel
+from capsafe.handles import Device, Event, Function, Handle, Module, Stream
+from capsafe.sim import (
+    KernelStandIn,
+    SimBackend,
+    SimMemory,
+    kernel_standin,
+    register_kernel,
+    unregister_kernel,
+)
 from capsafe.sim.calibration import DEVICE_NAME, DRIVER_VERSION
 
 PTX = b"""\
@@ -28,7 +38,7 @@ PTX = b"""\
 \x00"""
 
 
-def result_of(fn, *args, **kwargs) -> str:
+def result_of(fn: Callable[..., object], *args: object, **kwargs: object) -> str:
     with pytest.raises(CudaError) as info:
         fn(*args, **kwargs)
     return info.value.result
@@ -91,7 +101,7 @@ def test_several_devices_each_have_their_own_context_and_memory() -> None:
 
 
 @pytest.mark.parametrize("devices", [0, -1, 1.5])
-def test_a_machine_without_devices_is_a_usage_error(devices) -> None:
+def test_a_machine_without_devices_is_a_usage_error(devices: Any) -> None:
     with pytest.raises(UsageError, match="at least one device"):
         SimBackend(devices=devices)
 
@@ -155,14 +165,17 @@ def test_primary_context_refcount_and_teardown() -> None:
         ("module_get_function", Module(0x1234)),
     ],
 )
-def test_unknown_handles_are_invalid_handle(sim_backend: SimBackend, call: str, handle) -> None:
+def test_unknown_handles_are_invalid_handle(
+    sim_backend: SimBackend, call: str, handle: Handle
+) -> None:
     args = (handle, "k") if call == "module_get_function" else (handle,)
     assert result_of(getattr(sim_backend, call), *args) == "CUDA_ERROR_INVALID_HANDLE"
 
 
 def test_handles_of_the_wrong_type_are_a_usage_error(sim_backend: SimBackend) -> None:
     with pytest.raises(UsageError):
-        sim_backend.stream_synchronize(sim_backend.event_create())
+        an_event: Any = sim_backend.event_create()  # where a Stream belongs
+        sim_backend.stream_synchronize(an_event)
 
 
 # -- modules -----------------------------------------------------------------------------
@@ -218,13 +231,15 @@ def test_nvrtc_13_5_ptx_is_refused_and_its_cubin_loads(sim_backend: SimBackend) 
 # -- kernels -------------------------------------------------------------------------------
 
 
-def add_one(memory, grid, block, args) -> None:
+def add_one(memory: SimMemory, grid: Dim3, block: Dim3, args: Sequence[Any]) -> None:
     ptr, n = args
     data = bytearray(memory.read(ptr, n.value))
     memory.write(ptr, bytes((x + 1) % 256 for x in data))
 
 
-def test_kernel_standin_runs_when_the_launch_executes(sim_backend: SimBackend, sim_kernel) -> None:
+def test_kernel_standin_runs_when_the_launch_executes(
+    sim_backend: SimBackend, sim_kernel: Callable[[str, KernelStandIn], KernelStandIn]
+) -> None:
     b = sim_backend
     sim_kernel("add_one", add_one)
     fn = b.module_get_function(b.module_load_data(PTX), "add_one")
@@ -258,9 +273,10 @@ def test_registration_forms_and_cleanup() -> None:
     calls: list[str] = []
 
     try:
+        decorator: Callable[[KernelStandIn], KernelStandIn] = register_kernel("helper")
 
-        @register_kernel("helper")
-        def outer(memory, grid, block, args) -> None:
+        @decorator
+        def outer(memory: SimMemory, grid: Dim3, block: Dim3, args: Sequence[Any]) -> None:
             calls.append("outer")
 
         with kernel_standin("helper", lambda *_: calls.append("inner")):
@@ -276,13 +292,15 @@ def test_registration_forms_and_cleanup() -> None:
     assert calls == ["inner", "outer"]
 
 
-def test_standin_failures_surface_at_the_wait(sim_backend: SimBackend, sim_kernel) -> None:
+def test_standin_failures_surface_at_the_wait(
+    sim_backend: SimBackend, sim_kernel: Callable[[str, KernelStandIn], KernelStandIn]
+) -> None:
     b = sim_backend
 
-    def out_of_bounds(memory, grid, block, args) -> None:
+    def out_of_bounds(memory: SimMemory, grid: Dim3, block: Dim3, args: Sequence[Any]) -> None:
         memory.write(args[0] + 2, b"toolong")
 
-    def broken(memory, grid, block, args) -> None:
+    def broken(memory: SimMemory, grid: Dim3, block: Dim3, args: Sequence[Any]) -> None:
         raise ValueError("bug in the stand-in")
 
     module = b.module_load_data(PTX)
@@ -297,13 +315,15 @@ def test_standin_failures_surface_at_the_wait(sim_backend: SimBackend, sim_kerne
         assert result_of(b.stream_synchronize, stream) == result
 
 
-def test_context_teardown_completes_even_when_a_standin_fails(sim_kernel) -> None:
+def test_context_teardown_completes_even_when_a_standin_fails(
+    sim_kernel: Callable[[str, KernelStandIn], KernelStandIn],
+) -> None:
     b = SimBackend()
     b.init()
     dev = b.device_get(0)
     b.ctx_set_current(b.primary_ctx_retain(dev))
 
-    def broken(memory, grid, block, args) -> None:
+    def broken(memory: SimMemory, grid: Dim3, block: Dim3, args: Sequence[Any]) -> None:
         raise RuntimeError("boom")
 
     sim_kernel("helper", broken)
@@ -329,8 +349,10 @@ def test_launch_limits_and_argument_types(sim_backend: SimBackend) -> None:
             result_of(b.launch_kernel, fn, grid, block, [], stream, shared_mem=shared)
             == "CUDA_ERROR_INVALID_VALUE"
         )
+    not_an_argument: Any = 3
     with pytest.raises(UsageError):
-        b.launch_kernel(fn, (1, 1, 1), (1, 1, 1), [3], stream)
+        b.launch_kernel(fn, (1, 1, 1), (1, 1, 1), [not_an_argument], stream)
+    assert fn.module is not None
     b.module_unload(fn.module)
     assert result_of(b.launch_kernel, fn, (1, 1, 1), (1, 1, 1), [], stream) == (
         "CUDA_ERROR_INVALID_HANDLE"
