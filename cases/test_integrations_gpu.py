@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -51,7 +52,8 @@ def neighbour(drv: Backend) -> Iterator[None]:
         thread.join(10)
 
 
-def cupy_capture(cupy, x):
+def cupy_capture(cupy: Any, x: Any) -> Any:
+    """`x * 2 + 1` computed inside a CuPy capture (CuPy has no types: its objects are Any)."""
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         stream.begin_capture()  # RELAXED, CuPy's default
@@ -65,7 +67,7 @@ def cupy_capture(cupy, x):
     return y
 
 
-def test_a_neighbour_breaks_a_bare_cupy_capture(gpu) -> None:
+def test_a_neighbour_breaks_a_bare_cupy_capture(gpu: Backend) -> None:
     cupy = pytest.importorskip("cupy")
     x = cupy.arange(1 << 20, dtype=cupy.float32)
     cupy_capture(cupy, x)  # warm: kernels compiled, pool populated
@@ -73,7 +75,7 @@ def test_a_neighbour_breaks_a_bare_cupy_capture(gpu) -> None:
         cupy_capture(cupy, x)
 
 
-def test_an_installed_cupy_capture_survives_a_neighbour(gpu) -> None:
+def test_an_installed_cupy_capture_survives_a_neighbour(gpu: Backend) -> None:
     cupy = pytest.importorskip("cupy")
     with cupy_integration.installed():
         pool = cupy.get_default_memory_pool()
@@ -87,7 +89,7 @@ def test_an_installed_cupy_capture_survives_a_neighbour(gpu) -> None:
         pool.free_all_blocks()
 
 
-def test_cupy_capture_block_for_new_code(gpu) -> None:
+def test_cupy_capture_block_for_new_code(gpu: Backend) -> None:
     cupy = pytest.importorskip("cupy")
     x = cupy.ones(1 << 16, dtype=cupy.float32)
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -99,23 +101,24 @@ def test_cupy_capture_block_for_new_code(gpu) -> None:
     assert float(y.sum()) == 2.0 * x.size
 
 
-def _suite_module():
+def _suite_module() -> Any:
     spec = importlib.util.spec_from_file_location(
         "cuda_core_capture", SUITE / "test_graph_capture.py"
     )
+    assert spec is not None and spec.loader is not None, SUITE
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def test_installed_cuda_core_captures_survive_a_neighbour(gpu) -> None:
+def test_installed_cuda_core_captures_survive_a_neighbour(gpu: Backend) -> None:
     pytest.importorskip("cuda.core")
     suite = _suite_module()
     with cuda_core_integration.installed(), neighbour(gpu):
         suite.test_three_captures()  # cuda.core's own begin/end_building, hooked
 
 
-def test_a_neighbour_breaks_bare_cuda_core_captures(gpu) -> None:
+def test_a_neighbour_breaks_bare_cuda_core_captures(gpu: Backend) -> None:
     pytest.importorskip("cuda.core")
     suite = _suite_module()
     # Whichever call notices first: the end of the invalidated capture, or cuda.core's
