@@ -6,12 +6,14 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-from capsafe import hazards
+from capsafe import driver, hazards
 from capsafe.handles import CaptureMode, StreamKind
+from capsafe.hazards import Cell
 from capsafe_repro import hazard_matrix
 
 DATA = Path(__file__).resolve().parent.parent / "docs" / "data"
@@ -38,7 +40,9 @@ def _measured_rows(path: Path) -> list[dict[str, str]]:
     return rows
 
 
-def test_sim_matrix_agrees_with_the_table(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_sim_matrix_agrees_with_the_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "sim.jsonl"
     assert hazard_matrix.main(["--backend", "sim", "--compare", "--json", str(out)]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -61,9 +65,11 @@ def test_table_reproduces_every_measured_row(path: Path) -> None:
 
 
 def test_compare_exits_1_and_lists_each_disagreement(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def measured(cells, backend_name, *, jobs, in_process):
+    def measured(
+        cells: Sequence[Cell], backend_name: str, *, jobs: int, in_process: bool
+    ) -> list[dict[str, str]]:
         rows = [hazard_matrix._row(cell, hazards.SUCCESS, hazards.SUCCESS) for cell in cells]
         rows[0]["end_capture"] = hazards.INVALIDATED  # noop, yet the capture broke
         return rows
@@ -78,7 +84,7 @@ def test_compare_exits_1_and_lists_each_disagreement(
 
 
 def test_without_compare_a_disagreement_still_exits_0(monkeypatch: pytest.MonkeyPatch) -> None:
-    def failing(cells, *args, **kwargs):
+    def failing(cells: Sequence[Cell], *args: object, **kwargs: object) -> list[dict[str, str]]:
         return [hazard_matrix._row(c, "CUDA_ERROR_UNKNOWN", "ERROR") for c in cells]
 
     monkeypatch.setattr(hazard_matrix, "run_matrix", failing)
@@ -107,7 +113,7 @@ def test_one_trial_in_its_own_process() -> None:
     "argv",
     [["--calls", "noop,bogus"], ["--jobs", "0"], ["--trial", "noop", "eager", "blocking", "x"]],
 )
-def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture) -> None:
+def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         hazard_matrix.main(argv)
     assert exited.value.code == 2
@@ -163,7 +169,7 @@ def test_cross_device_with_one_simulated_device_is_one_line_exit_2(devices: str 
 
 
 def test_cross_device_on_a_one_gpu_machine_is_one_line_exit_2(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from capsafe.sim import SimBackend
 
@@ -171,7 +177,7 @@ def test_cross_device_on_a_one_gpu_machine_is_one_line_exit_2(
         name = "cuda"
 
     monkeypatch.setattr(hazard_matrix, "unavailable_reason", lambda: None)
-    monkeypatch.setattr(hazard_matrix.driver, "create_backend", lambda name: (OneGpu(), "test"))
+    monkeypatch.setattr(driver, "create_backend", lambda name: (OneGpu(), "test"))
     assert hazard_matrix.main(["--backend", "cuda", "--cross-device", "--compare"]) == 2
     out, err = capsys.readouterr()
     assert err == "error: --cross-device needs 2 devices, this machine has 1\n" and out == ""
@@ -212,15 +218,16 @@ def test_docs_carry_the_current_rule_table() -> None:
 def test_a_trial_killed_by_a_signal_is_rerun_once(monkeypatch: pytest.MonkeyPatch) -> None:
     answers = iter([-11, 0])
 
-    def fake_run(command, **kwargs):
+    def fake_run(command: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
         code = next(answers)
-        cell = ("noop", "global", "blocking", "same_thread", hazards.SAME_DEVICE)
+        cell = ("noop", CaptureMode.GLOBAL, StreamKind.BLOCKING, "same_thread", hazards.SAME_DEVICE)
         row = hazard_matrix._row(cell, "CUDA_SUCCESS", "CUDA_SUCCESS")
         out = json.dumps(row) if code == 0 else ""
         return subprocess.CompletedProcess(command, code, stdout=out, stderr="")
 
-    monkeypatch.setattr(hazard_matrix.subprocess, "run", fake_run)
+    monkeypatch.setattr(subprocess, "run", fake_run)  # the module hazard_matrix calls
     run = hazard_matrix._in_fresh_process("sim")
     row = run(("noop", CaptureMode.GLOBAL, StreamKind.BLOCKING, "same_thread", hazards.SAME_DEVICE))
-    assert row["reruns"] == 1 and row["call_result"] == hazards.SUCCESS
+    # An int, though hazard_matrix.Row says every value is a str.
+    assert int(row["reruns"]) == 1 and row["call_result"] == hazards.SUCCESS
     assert "1 trial(s) rerun" in hazard_matrix.summary_line([row], "sim", 0.0)
