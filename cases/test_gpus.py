@@ -14,13 +14,14 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import cast
 
 import pytest
 from pinning_suite import seen, write_suite
 
 from capsafe_harness import gpus, placement
 from capsafe_harness.executor import SWEEP_SHARED_ENV, SWEEP_TMP_ENV
-from capsafe_harness.records import from_json, read_records, to_json
+from capsafe_harness.records import Record, from_json, read_records, to_json
 
 FAST = ["-p", "no:run-parallel", "-p", "no:hypothesispytest", "-p", "no:cacheprovider"]
 
@@ -71,7 +72,9 @@ def test_rows_written_before_the_gpu_field_still_load() -> None:
 
 
 @pytest.mark.timeout(90)
-def test_plain_pytest_pins_each_xdist_worker_before_conftest_import(suite, tmp_path: Path) -> None:
+def test_plain_pytest_pins_each_xdist_worker_before_conftest_import(
+    suite: Path, tmp_path: Path
+) -> None:
     def run(out: Path) -> dict[str, str]:
         out.mkdir()
         done = subprocess.run(
@@ -94,7 +97,7 @@ def test_plain_pytest_pins_each_xdist_worker_before_conftest_import(suite, tmp_p
 
 
 @pytest.mark.timeout(110)
-def test_sweep_pins_every_process_and_reports_the_gpu_finding(suite, tmp_path: Path) -> None:
+def test_sweep_pins_every_process_and_reports_the_gpu_finding(suite: Path, tmp_path: Path) -> None:
     out = tmp_path / "report"
     done = subprocess.run(
         [sys.executable, "-m", "capsafe.cli", "sweep", "--no-progress", str(suite),
@@ -126,9 +129,10 @@ def test_sweep_pins_every_process_and_reports_the_gpu_finding(suite, tmp_path: P
 
 
 def test_failures_on_one_gpu_only_are_a_placement_finding() -> None:
-    def row(nodeid, run, pid, gpu, outcome):
-        return {"nodeid": nodeid, "phase": "call", "outcome": outcome, "run_id": run,
-                "pid": pid, "gpu": gpu}  # fmt: skip
+    def row(nodeid: str, run: str, pid: int, gpu: str, outcome: str) -> Record:
+        """The fields placement reads, no more."""
+        return cast(Record, {"nodeid": nodeid, "phase": "call", "outcome": outcome, "run_id": run,
+                "pid": pid, "gpu": gpu})  # fmt: skip
 
     rows = [
         row("a", "run-1", 1, "0", "passed"), row("a", "run-2", 2, "3", "failed"),
@@ -136,7 +140,7 @@ def test_failures_on_one_gpu_only_are_a_placement_finding() -> None:
         row("b", "run-1", 1, "0", "failed"), row("b", "run-2", 2, "3", "failed"),  # two GPUs
         row("c", "run-1", 1, "3", "failed"),  # never passed elsewhere
     ]  # fmt: skip
-    section = placement.placement_section(rows)  # type: ignore[arg-type]
+    section = placement.placement_section(rows)
     assert section is not None
     assert section["findings"] == [
         {"nodeid": "a", "gpu": "3", "failures": 2, "attempts": 2, "passed_on": ["0", "1"]}
@@ -145,7 +149,7 @@ def test_failures_on_one_gpu_only_are_a_placement_finding() -> None:
     text = "\n".join(placement.markdown(section))
     assert "| 3 | 4 | 4 |" in text and "`a` failed only on GPU 3" in text
     assert "<code>a</code> failed only on GPU 3" in placement.html_section(section)
-    assert placement.placement_section([{**r, "gpu": ""} for r in rows]) is None  # type: ignore[misc]
+    assert placement.placement_section([{**r, "gpu": ""} for r in rows]) is None
 
 
 def _env() -> dict[str, str]:
