@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from capsafe import context, driver, hazards
+from capsafe.backend import Backend
 from capsafe.errors import BackendUnavailable, CaptureInvalidated
 from capsafe.handles import CaptureMode
 from capsafe.hazard_actions import BY_NAME
 from capsafe_harness import neighbors as nb
-from capsafe_harness.records import read_records
+from capsafe_harness.records import Record, read_records
 
 pytest_plugins = ["pytester"]
 
 
 @pytest.fixture
-def sim_process_driver():
+def sim_process_driver() -> Backend:
     if driver.get().name != "sim":
         pytest.skip("drives the process-wide driver; needs it to be the simulated one")
     context.device(0)
@@ -41,7 +44,7 @@ def test_parse_calls_names_the_known_kinds() -> None:
         nb.parse_calls(" , ")
 
 
-def test_restricted_neighbours_make_only_their_kinds(sim_process_driver) -> None:
+def test_restricted_neighbours_make_only_their_kinds(sim_process_driver: Backend) -> None:
     n = nb.Neighbors(2, ["ctx_sync"])
     n.start()
     time.sleep(0.1)
@@ -50,7 +53,7 @@ def test_restricted_neighbours_make_only_their_kinds(sim_process_driver) -> None
     assert not status.problems and status.backend == "sim"
 
 
-def test_own_driver_errors_are_counted_per_kind(sim_process_driver) -> None:
+def test_own_driver_errors_are_counted_per_kind(sim_process_driver: Backend) -> None:
     raw = driver.get(gated=False)
     stream = raw.stream_create(nonblocking=True)
     n = nb.Neighbors(1, ["mem_alloc", "memset_sync"])
@@ -70,7 +73,7 @@ def test_own_driver_errors_are_counted_per_kind(sim_process_driver) -> None:
 
 
 @pytest.mark.timeout(30)
-def test_a_stuck_neighbour_is_reported_and_stop_returns(sim_process_driver) -> None:
+def test_a_stuck_neighbour_is_reported_and_stop_returns(sim_process_driver: Backend) -> None:
     gated = driver.get()
     stream = gated.stream_create(nonblocking=True)
     gated.stream_begin_capture(stream, CaptureMode.GLOBAL)  # holds the gate: neighbours wait
@@ -108,16 +111,20 @@ def test_status_files_round_trip(tmp_path: Path) -> None:
 
 
 SUITES = Path(__file__).resolve().parent.parent / "repro" / "suites"
+RunSuite = Callable[..., tuple[pytest.RunResult, dict[str, Record], list[dict[str, Any]]]]
+"""(the run, its call rows by node id, the neighbour status files) for the given options."""
 
 
 @pytest.fixture
-def run_capture_suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+def run_capture_suite(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> RunSuite:
     """The planted capture suite in a subprocess with only this plugin loaded; returns
     (result, rows by node id, the one neighbour status file)."""
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
     suite = SUITES / "capture"
 
-    def run(*args: str):
+    def run(*args: str) -> tuple[pytest.RunResult, dict[str, Record], list[dict[str, Any]]]:
         result = pytester.runpytest_subprocess(
             "-p", "capsafe_harness.plugin", str(suite), "--rootdir", str(suite),
             f"--capsafe-records={tmp_path}", "--capsafe-neighbors=2", *args,
@@ -128,28 +135,28 @@ def run_capture_suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
     return run
 
 
-def test_neighbours_limited_to_a_kind_the_capture_survives(run_capture_suite) -> None:
+def test_neighbours_limited_to_a_kind_the_capture_survives(run_capture_suite: RunSuite) -> None:
     # A GLOBAL capture on a nonblocking stream lets other threads' synchronous memsets by.
     result, _, (status,) = run_capture_suite("--capsafe-neighbor-calls=memset_sync")
     result.assert_outcomes(passed=2)
     assert set(status["steps"]) == {"memset_sync"}
 
 
-def test_neighbours_limited_to_a_breaking_kind(run_capture_suite) -> None:
+def test_neighbours_limited_to_a_breaking_kind(run_capture_suite: RunSuite) -> None:
     result, rows, (status,) = run_capture_suite("--capsafe-neighbor-calls=ctx_sync")
     result.assert_outcomes(passed=1, failed=1)
     assert rows["test_capture.py::test_raw_global_capture"]["signals"] == ["capture-invalidated"]
     assert set(status["steps"]) | set(status["driver_errors"]) == {"ctx_sync"}
 
 
-def test_unknown_kind_is_a_usage_error(run_capture_suite) -> None:
+def test_unknown_kind_is_a_usage_error(run_capture_suite: RunSuite) -> None:
     result, _, _ = run_capture_suite("--capsafe-neighbor-calls=ctx_synch")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "unknown call kind(s) ctx_synch" in result.stderr.str()
 
 
 def test_neighbours_that_cannot_start_fail_every_test(
-    run_capture_suite, monkeypatch: pytest.MonkeyPatch
+    run_capture_suite: RunSuite, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("CAPSAFE_BACKEND", "no-such-backend")
     result, _, (status,) = run_capture_suite()
