@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ from capsafe_harness.executor import Exit, Launch
 from capsafe_harness.options import SweepError, SweepOptions
 from capsafe_harness.order import write_replay
 from capsafe_harness.ray_executor import NOT_INSTALLED, RayExecutor
-from capsafe_harness.records import read_records, to_json
+from capsafe_harness.records import Phase, Record, read_records, to_json
 from capsafe_harness.runner import Runner
 
 pytestmark = pytest.mark.ray
@@ -62,12 +63,13 @@ def test_kills_its_worker_once():
 
 
 @pytest.fixture(scope="module")
-def ray_address():
+def ray_address() -> Iterator[str]:
     ray = pytest.importorskip("ray", reason="needs the ray extra: pip install 'capsafe[ray]'")
     # two GPUs declared, none present: Ray hands them out (CUDA_VISIBLE_DEVICES) all the same
     ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        yield ray.get_runtime_context().gcs_address
+        address: str = ray.get_runtime_context().gcs_address
+        yield address
     finally:
         ray.shutdown()
 
@@ -86,7 +88,7 @@ def _verdicts(out: Path) -> dict[str, tuple[str, list[str], list[str]]]:
 
 
 @pytest.mark.timeout(150)
-def test_ray_sweep_classifies_every_test_as_the_local_one(ray_address, tmp_path: Path) -> None:
+def test_ray_sweep_classifies_every_test_as_the_local_one(ray_address: str, tmp_path: Path) -> None:
     suite = SUITES / "polluter"
     options = ["--runs", "2", "--workers", "0", "--seed", "3", "--isolation-runs", "1"]
     local = _sweep(suite, tmp_path / "local", *options)
@@ -97,15 +99,18 @@ def test_ray_sweep_classifies_every_test_as_the_local_one(ray_address, tmp_path:
     assert _verdicts(tmp_path / "ray")["test_lookup.py::test_registry_starts_empty"][0] == (
         "order-dependent"
     )
+
     # the same processes left the same evidence in raw/, records and logs
-    names = lambda out: sorted(p.name for p in (out / "raw").iterdir())  # noqa: E731
+    def names(out: Path) -> list[str]:
+        return sorted(p.name for p in (out / "raw").iterdir())
+
     assert names(tmp_path / "ray") == names(tmp_path / "local")
     assert "passed" in (tmp_path / "ray" / "raw" / "run-1.log").read_text()
 
 
 @pytest.mark.timeout(120)
 def test_a_worker_lost_twice_is_a_crash_of_its_test_on_that_node(
-    ray_address, tmp_path: Path
+    ray_address: str, tmp_path: Path
 ) -> None:
     suite = tmp_path / "suite"
     suite.mkdir()
@@ -129,7 +134,7 @@ def test_a_worker_lost_twice_is_a_crash_of_its_test_on_that_node(
 
 @pytest.mark.timeout(60)
 def test_a_worker_lost_once_is_run_again_and_only_the_rerun_counts(
-    ray_address, tmp_path: Path
+    ray_address: str, tmp_path: Path
 ) -> None:
     suite = tmp_path / "suite"
     suite.mkdir()
@@ -182,7 +187,7 @@ def test_an_unreachable_address_is_one_line(tmp_path: Path) -> None:
 
 
 def test_gpus_on_a_cluster_without_any_is_one_line(
-    ray_address, monkeypatch: pytest.MonkeyPatch
+    ray_address: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import ray
 
@@ -194,7 +199,7 @@ def test_gpus_on_a_cluster_without_any_is_one_line(
 
 
 @pytest.mark.timeout(120)
-def test_each_ray_task_is_pinned_to_the_gpu_ray_gave_it(ray_address, tmp_path: Path) -> None:
+def test_each_ray_task_is_pinned_to_the_gpu_ray_gave_it(ray_address: str, tmp_path: Path) -> None:
     suite = write_suite(tmp_path / "suite")
     out = tmp_path / "report"
     done = _sweep(suite, out, "--runs", "1", "--workers", "2", "--isolation-runs", "2",
@@ -220,7 +225,9 @@ def test_sleeps():
 
 
 @pytest.mark.timeout(90)
-def test_ctrl_c_cancels_the_task_and_kills_its_test_process(ray_address, tmp_path: Path) -> None:
+def test_ctrl_c_cancels_the_task_and_kills_its_test_process(
+    ray_address: str, tmp_path: Path
+) -> None:
     suite = tmp_path / "suite"
     suite.mkdir()
     (suite / "test_sleeper.py").write_text(SLEEPER)
@@ -235,6 +242,7 @@ def test_ctrl_c_cancels_the_task_and_kills_its_test_process(ray_address, tmp_pat
     deadline = time.monotonic() + 60
     while not pid_file.exists() and time.monotonic() < deadline and sweep.poll() is None:
         time.sleep(0.2)
+    assert sweep.stderr is not None  # stderr=PIPE
     assert pid_file.exists(), sweep.stderr.read() if sweep.poll() is not None else "no start"
     test_pid = int(pid_file.read_text())
     sweep.send_signal(signal.SIGINT)
@@ -254,13 +262,16 @@ def test_ctrl_c_cancels_the_task_and_kills_its_test_process(ray_address, tmp_pat
 class _LostAfterOneTest:
     """An executor whose node is lost after the first test of a replay finished."""
 
-    def execute(self, launch, on_tests, stopping):
-        rows = [
+    def execute(
+        self, launch: Launch, on_tests: Callable[[int], None], stopping: threading.Event
+    ) -> Exit:
+        phases: tuple[Phase, ...] = ("setup", "call", "teardown")
+        rows: list[Record] = [
             {"nodeid": "a.py::t1", "phase": phase, "outcome": "passed", "duration": 0.0,
              "run_id": launch.label, "seed": 1, "worker": "main", "index": 0, "pid": 7,
              "signals": [], "message": "", "details": "", "start": 1.0, "stop": 1.0,
              "time": 1.0, "gpu": ""}
-            for phase in ("setup", "call", "teardown")
+            for phase in phases
         ]  # fmt: skip
         text = "".join(to_json(r) + "\n" for r in rows)
         (launch.records / "records-replay-1-main-7.jsonl").write_text(text)
