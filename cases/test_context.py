@@ -9,6 +9,8 @@ import subprocess
 import sys
 import threading
 from collections import Counter
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -16,6 +18,7 @@ from capsafe import context, driver
 from capsafe.backend import Backend
 from capsafe.context import CudaDevice
 from capsafe.errors import BackendUnavailable, CudaError, ForkedProcessError, UsageError
+from capsafe.handles import Context, Device
 from capsafe.sim import SimBackend
 
 JOIN_S = 10.0
@@ -29,11 +32,11 @@ class CountingSim(SimBackend):
         self.retains = 0
         self.binds: Counter[str] = Counter()
 
-    def primary_ctx_retain(self, device):
+    def primary_ctx_retain(self, device: Device) -> Context:
         self.retains += 1
         return super().primary_ctx_retain(device)
 
-    def ctx_set_current(self, ctx) -> None:
+    def ctx_set_current(self, ctx: Context | None) -> None:
         self.binds[threading.current_thread().name] += 1
         super().ctx_set_current(ctx)
 
@@ -41,7 +44,7 @@ class CountingSim(SimBackend):
 def _use_backend(monkeypatch: pytest.MonkeyPatch, backend: Backend) -> None:
     """Make capsafe.device() hand out devices of `backend`, from an empty registry."""
     backend.init()
-    monkeypatch.setattr(context.driver, "get", lambda: backend)
+    monkeypatch.setattr(driver, "get", lambda: backend)  # the module context calls
     monkeypatch.setattr(context, "_devices", {})
 
 
@@ -61,7 +64,7 @@ def sim3(monkeypatch: pytest.MonkeyPatch) -> CountingSim:
     return backend
 
 
-def _run_threads(target, count: int) -> None:
+def _run_threads(target: Callable[[], object], count: int) -> None:
     threads = [threading.Thread(target=target, name=f"t{i}") for i in range(count)]
     for thread in threads:
         thread.start()
@@ -175,7 +178,7 @@ def test_devices_on_many_threads_bind_each_thread_separately(sim3: CountingSim) 
 
 
 @pytest.mark.parametrize("ordinal", ["0", 1.0, True, None])
-def test_an_ordinal_that_is_not_an_int_is_one_clear_line(sim: CountingSim, ordinal) -> None:
+def test_an_ordinal_that_is_not_an_int_is_one_clear_line(sim: CountingSim, ordinal: Any) -> None:
     context.device(0)
     context.device(1 if sim.device_get_count() > 1 else 0)
     with pytest.raises(UsageError, match=r"^a device ordinal is an int, not "):
@@ -187,8 +190,9 @@ def test_an_ordinal_that_is_not_an_int_is_one_clear_line(sim: CountingSim, ordin
 def test_real_driver_rebinds_after_the_context_is_unset(monkeypatch: pytest.MonkeyPatch) -> None:
     from capsafe.backend_cuda import CudaBackend, unavailable_reason
 
-    if unavailable_reason() is not None:
-        pytest.skip(unavailable_reason())
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
     real = CudaBackend()
     _use_backend(monkeypatch, real)
     for ordinal in range(real.device_get_count()):
@@ -217,7 +221,7 @@ def test_ordinal_out_of_range_is_one_clear_line(sim: CountingSim) -> None:
     assert sim.retains == 0
 
 
-def _in_fork(child) -> str:
+def _in_fork(child: Callable[[], str]) -> str:
     """Run `child()` in a forked process; return the line it wrote, with a watchdog."""
     read_end, write_end = os.pipe()
     pid = os.fork()

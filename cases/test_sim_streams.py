@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 
 from capsafe.errors import CudaError
-from capsafe.handles import LEGACY_STREAM
+from capsafe.handles import LEGACY_STREAM, CaptureMode, DevicePtr
 from capsafe.sim import SimBackend
 
 N = 4096
 
 
-def read(b: SimBackend, ptr, n: int = N) -> bytes:
+def read(b: SimBackend, ptr: DevicePtr, n: int = N) -> bytes:
     out = bytearray(n)
     b.memcpy_dtoh(out, ptr)
     return bytes(out)
@@ -187,7 +190,7 @@ def test_captured_memset_runs_only_when_the_graph_is_launched(sim_backend: SimBa
     b = sim_backend
     stream = b.stream_create()
     ptr = b.mem_alloc(N)
-    b.stream_begin_capture(stream, "thread_local")
+    b.stream_begin_capture(stream, CaptureMode.THREAD_LOCAL)
     b.memset_d8_async(ptr, 0x5A, N, stream)
     graph = b.stream_end_capture(stream)
     assert read(b, ptr) == bytes(N)  # capture records, it does not run
@@ -202,6 +205,8 @@ def test_captured_memset_runs_only_when_the_graph_is_launched(sim_backend: SimBa
     assert read(b, ptr) == bytes([0x5A]) * N
     b.graph_exec_destroy(exec_)
     b.graph_destroy(graph)
+    call: Callable[[Any], object]
+    handle: Any
     for call, handle in ((b.graph_destroy, graph), (b.graph_exec_destroy, exec_)):
         with pytest.raises(CudaError) as info:
             call(handle)
@@ -216,7 +221,7 @@ def test_graph_with_captured_alloc_copy_and_event(sim_backend: SimBackend) -> No
     out = bytearray(4)
     ev = b.event_create()
     free0 = b.mem_get_info()[0]
-    b.stream_begin_capture(stream, "global")
+    b.stream_begin_capture(stream, CaptureMode.GLOBAL)
     scratch = b.mem_alloc_async(4, stream)
     b.memset_d8_async(scratch, 1, 4, stream)
     b.memcpy_dtoh_async(out, src, stream)
@@ -237,7 +242,7 @@ def test_graph_launch_after_its_memory_was_freed_fails(sim_backend: SimBackend) 
     b = sim_backend
     stream = b.stream_create()
     ptr = b.mem_alloc(8)
-    b.stream_begin_capture(stream, "relaxed")
+    b.stream_begin_capture(stream, CaptureMode.RELAXED)
     b.memset_d8_async(ptr, 1, 8, stream)
     exec_ = b.graph_instantiate(b.stream_end_capture(stream))
     b.mem_free(ptr)
