@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,15 +41,18 @@ class FakeHost:
         self.protected: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
         self.installed = installed
 
-    def frameworks(self):
+    def frameworks(self) -> tuple[str, ...]:
         return self.installed
 
-    def batch(self, tests, *, neighbors, calls, seed, kind, protect=()):
+    def batch(
+        self, tests: Sequence[str], *, neighbors: bool, calls: Sequence[str], seed: int | None,
+        kind: str, protect: Sequence[str] = (),
+    ) -> dict[tuple[str, str], Attempt]:  # fmt: skip
         if protect:
             self.protected.append((tuple(tests), tuple(protect)))
         else:
             self.batches.append((tuple(tests), neighbors, tuple(calls)))
-        out = {}
+        out: dict[tuple[str, str], Attempt] = {}
         for t in tests:
             kinds = set(calls) if calls else {"ctx_sync", "mem_alloc", "memset_sync"}
             broke = neighbors and bool(kinds & BREAKS.get(t, set()))
@@ -57,7 +62,7 @@ class FakeHost:
             out[(kind, t)] = attempt(t, failed, capture=broke or t == "always", run=kind)
         return out
 
-    def pool(self, desc, jobs, work) -> None:
+    def pool(self, desc: str, jobs: Sequence[Any], work: Callable[[Any, int], list[Any]]) -> None:
         queue = list(jobs)
         while queue:
             queue += work(queue.pop(0), 0)
@@ -156,7 +161,7 @@ def test_a_capture_error_seen_only_alone_still_gets_its_breaking_calls() -> None
 
 
 @pytest.fixture
-def three_unsafe():
+def three_unsafe() -> Iterator[tuple[CapturePhases, FakeHost]]:
     """Phases after isolation with three capture-unsafe tests: one the integration protects,
     one whose capture bypasses every hook, one that breaks protected only beside others."""
     BREAKS.update({"bypass": {"ctx_sync"}, "flaky_in_batch": {"ctx_sync"}})
@@ -170,7 +175,9 @@ def three_unsafe():
         del BREAKS["bypass"], BREAKS["flaky_in_batch"]
 
 
-def test_capture_unsafe_tests_are_rerun_protected_batched_then_alone(three_unsafe) -> None:
+def test_capture_unsafe_tests_are_rerun_protected_batched_then_alone(
+    three_unsafe: tuple[CapturePhases, FakeHost],
+) -> None:
     phases, host = three_unsafe
     phases.protect(host, "cupy", 2, [1, 2])
     everyone = ("bypass", "cap", "flaky_in_batch")
@@ -192,7 +199,9 @@ def test_capture_unsafe_tests_are_rerun_protected_batched_then_alone(three_unsaf
     assert "; with protection: survived 2/2 (cupy); breaks under: ctx_sync" in phases.why("cap")
 
 
-def test_protect_none_does_no_protected_reruns(three_unsafe) -> None:
+def test_protect_none_does_no_protected_reruns(
+    three_unsafe: tuple[CapturePhases, FakeHost],
+) -> None:
     phases, host = three_unsafe
     phases.protect(host, "none", 2, [1, 2])
     assert host.protected == []
@@ -201,7 +210,9 @@ def test_protect_none_does_no_protected_reruns(three_unsafe) -> None:
     assert fields["protection"] == "with protection: not rerun (--protect none)"
 
 
-def test_auto_without_a_framework_gives_no_verdict(three_unsafe) -> None:
+def test_auto_without_a_framework_gives_no_verdict(
+    three_unsafe: tuple[CapturePhases, FakeHost],
+) -> None:
     phases, _ = three_unsafe
     host = FakeHost(installed=())
     phases.protect(host, "auto", 2, [1, 2])
@@ -231,11 +242,15 @@ def test_the_protect_option_values() -> None:
             protect_choice(bad)
 
 
-def test_protected_reruns_that_run_no_test_give_no_verdict(three_unsafe) -> None:
+def test_protected_reruns_that_run_no_test_give_no_verdict(
+    three_unsafe: tuple[CapturePhases, FakeHost],
+) -> None:
     phases, _ = three_unsafe
 
     class CannotInstall(FakeHost):  # every protected process stops at a usage error
-        def batch(self, tests, *, protect=(), **kwargs):
+        def batch(
+            self, tests: Sequence[str], *, protect: Sequence[str] = (), **kwargs: Any
+        ) -> dict[tuple[str, str], Attempt]:
             return {} if protect else super().batch(tests, protect=protect, **kwargs)
 
     phases.protect(CannotInstall(), "cupy", 2, [1, 2])
