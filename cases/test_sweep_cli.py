@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -12,7 +13,7 @@ from capsafe_harness import sweep
 
 
 @pytest.fixture
-def suite(tmp_path: Path):
+def suite(tmp_path: Path) -> Path:
     (tmp_path / "test_x.py").write_text("def test_x():\n    pass\n")
     return tmp_path
 
@@ -32,7 +33,7 @@ def suite(tmp_path: Path):
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
-    suite, capsys: pytest.CaptureFixture[str], args, reason
+    suite: Path, capsys: pytest.CaptureFixture[str], args: list[str], reason: str
 ) -> None:
     argv = ["sweep", *(a.format(suite=suite) for a in args)]
     assert main(argv) == 2
@@ -42,7 +43,7 @@ def test_bad_input_is_one_line_and_exit_2(
 
 
 def test_missing_xdist_with_workers_is_a_usage_error(
-    suite, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    suite: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     real = importlib.util.find_spec
     monkeypatch.setattr(
@@ -52,13 +53,15 @@ def test_missing_xdist_with_workers_is_a_usage_error(
     assert "pytest-xdist is not installed" in capsys.readouterr().err
 
 
-def test_out_that_is_a_file_is_a_usage_error(suite, capsys: pytest.CaptureFixture[str]) -> None:
+def test_out_that_is_a_file_is_a_usage_error(
+    suite: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (suite / "f").write_text("")
     assert main(["sweep", str(suite), "--out", str(suite / "f")]) == 2
     assert "is not a directory" in capsys.readouterr().err
 
 
-def test_unknown_option_is_exit_2(suite, capsys: pytest.CaptureFixture[str]) -> None:
+def test_unknown_option_is_exit_2(suite: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["sweep", str(suite), "--bogus"])
     assert exc.value.code == 2
@@ -75,7 +78,7 @@ def test_help_explains_options_and_exit_codes(capsys: pytest.CaptureFixture[str]
 
 
 def test_out_that_cannot_be_created_is_a_usage_error(
-    suite, capsys: pytest.CaptureFixture[str]
+    suite: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (suite / "f").write_text("")
     assert main(["sweep", str(suite), "--out", str(suite / "f" / "reports")]) == 2
@@ -85,15 +88,17 @@ def test_out_that_cannot_be_created_is_a_usage_error(
 
 
 @pytest.mark.parametrize("value", ["inf", "nan"])
-def test_timeout_must_be_finite(suite, capsys: pytest.CaptureFixture[str], value) -> None:
+def test_timeout_must_be_finite(
+    suite: Path, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
     assert main(["sweep", str(suite), "--timeout", value, "--out", str(suite / "o")]) == 2
     assert "--timeout must be positive" in capsys.readouterr().err
 
 
 def test_ctrl_c_outside_the_phases_is_one_line_and_exit_130(
-    suite, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    suite: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def interrupted(options) -> None:
+    def interrupted(options: object) -> NoReturn:
         raise KeyboardInterrupt
 
     monkeypatch.setattr(sweep, "run_sweep", interrupted)
