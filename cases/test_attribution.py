@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 from capsafe import hazards
 from capsafe.handles import CaptureMode, StreamKind
 from capsafe.hazard_actions import BY_NAME
@@ -16,10 +18,12 @@ def _table_breaks(kind: str, mode: CaptureMode, stream: StreamKind) -> bool:
     return hazards.rule_for(BY_NAME[kind].row, mode, stream, hazards.OTHER_THREAD) is not None
 
 
-def _oracle(cells: dict[str, tuple[CaptureMode, StreamKind]], log: list[attr.Job]):
+def _oracle(
+    cells: dict[str, tuple[CaptureMode, StreamKind]], log: list[attr.Job]
+) -> Callable[[list[attr.Job]], Iterator[tuple[attr.Subset, attr.Outcomes]]]:
     """Runs a round as the hazard table predicts: a test breaks when any kind in the subset does."""
 
-    def run_round(jobs):
+    def run_round(jobs: list[attr.Job]) -> Iterator[tuple[attr.Subset, attr.Outcomes]]:
         for kinds, tests in jobs:
             log.append((kinds, tests))
             yield kinds, {t: any(_table_breaks(k, *cells[t]) for k in kinds) for t in tests}
@@ -59,7 +63,7 @@ def test_tests_with_different_modes_share_processes() -> None:
 
 
 def test_no_evidence_leaves_kinds_undecided() -> None:
-    def silent(jobs):
+    def silent(jobs: list[attr.Job]) -> Iterator[tuple[attr.Subset, attr.Outcomes]]:
         for kinds, tests in jobs:
             yield kinds, dict.fromkeys(tests)
 
@@ -73,7 +77,7 @@ def test_a_break_that_needs_luck_is_found_in_a_later_round() -> None:
     # one survival is no proof, so a test nothing broke gets the groups again.
     log: list[attr.Job] = []
 
-    def lucky_second_time(jobs):
+    def lucky_second_time(jobs: list[attr.Job]) -> Iterator[tuple[attr.Subset, attr.Outcomes]]:
         for kinds, tests in jobs:
             log.append((kinds, tests))
             lucky = kinds == ("ctx_sync",) and sum(k == kinds for k, _ in log) == 2

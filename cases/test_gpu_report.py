@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from capsafe_harness import gpu_report
 
 FROZEN = (
@@ -9,7 +11,7 @@ FROZEN = (
     "  CAPSAFE_GATE: frozen '1', now '0'\n"
     "  CUDA_MODULE_LOADING: frozen unset, now 'LAZY'\n"
 )
-UNSAFE = {
+UNSAFE: dict[str, Any] = {
     "nodeid": "t.py::test_graph",
     "classification": "capture-unsafe",
     "capture": {"verdict": "breaks under: ctx_sync; survives: mem_alloc", "breaks": ["ctx_sync"],
@@ -17,7 +19,7 @@ UNSAFE = {
 }  # fmt: skip
 
 
-def _rows():
+def _rows() -> list[dict[str, Any]]:
     return [
         {"nodeid": "t.py::test_env", "phase": "teardown", "signals": ["env-leak"],
          "env_leak": {"CUDA_VISIBLE_DEVICES": [None, "1"], "HOME": ["/a", "/b"]}},
