@@ -20,6 +20,8 @@ import queue
 import random
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from gate_explorer import Explorer, random_scripts
@@ -34,7 +36,7 @@ ACTORS = 2
 SETTLE_S = 0.012
 
 
-def wait_for(condition, timeout: float = 5.0) -> None:
+def wait_for(condition: Callable[[], object], timeout: float = 5.0) -> None:
     """Poll `condition` until true or `timeout` (the caller asserts afterwards)."""
     deadline = time.monotonic() + timeout
     while not condition() and time.monotonic() < deadline:
@@ -51,7 +53,7 @@ class Actor:
         self.guard: CaptureGuard | None = None
         self.pending: str | None = None  # the command it is executing (possibly blocked in)
         self.error: BaseException | None = None
-        self.inbox: queue.Queue = queue.Queue()
+        self.inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.thread = threading.Thread(target=self._run, name=f"actor-{index}", daemon=True)
         self.thread.start()
 
@@ -74,7 +76,7 @@ class Actor:
                 elif command == "begin":
                     self.guard = self.gate.begin_capture(timeout=10)
                 elif command == "release":
-                    owner: Actor = arg  # type: ignore[assignment]
+                    owner: Actor = arg
                     assert owner.guard is not None
                     guard, owner.guard = owner.guard, None
                     guard.release()

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,9 @@ def test_cupy_capture_beside_neighbours():
 
 
 @pytest.fixture
-def run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
+def run(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., pytest.RunResult]:
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
     monkeypatch.setenv("CAPSAFE_BACKEND", "sim")
 
@@ -62,7 +65,7 @@ def usage_error(result: pytest.RunResult) -> str:
     return lines[0]
 
 
-def test_unknown_name_is_a_one_line_usage_error(run) -> None:
+def test_unknown_name_is_a_one_line_usage_error(run: Callable[..., pytest.RunResult]) -> None:
     result = run("--capsafe-protect=cupy,tensorflow")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert usage_error(result) == (
@@ -72,7 +75,9 @@ def test_unknown_name_is_a_one_line_usage_error(run) -> None:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="CuPy is installed")
-def test_a_framework_that_is_not_installed_is_a_usage_error(pytester: pytest.Pytester, run) -> None:
+def test_a_framework_that_is_not_installed_is_a_usage_error(
+    pytester: pytest.Pytester, run: Callable[..., pytest.RunResult]
+) -> None:
     pytester.makepyfile("def test_nothing(): pass\n")
     result = run("--capsafe-protect=cupy")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
@@ -82,7 +87,7 @@ def test_a_framework_that_is_not_installed_is_a_usage_error(pytester: pytest.Pyt
 
 
 def test_protection_lets_a_cupy_capture_survive_the_neighbours(
-    pytester: pytest.Pytester, run
+    pytester: pytest.Pytester, run: Callable[..., pytest.RunResult]
 ) -> None:
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(CAPTURE_TEST)
@@ -94,7 +99,9 @@ def test_protection_lets_a_cupy_capture_survive_the_neighbours(
     assert "capsafe: protect=cupy" in protected.stdout.str()
 
 
-def test_a_capture_left_open_by_a_test_is_released_after_it(pytester: pytest.Pytester, run) -> None:
+def test_a_capture_left_open_by_a_test_is_released_after_it(
+    pytester: pytest.Pytester, run: Callable[..., pytest.RunResult]
+) -> None:
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(
         """
