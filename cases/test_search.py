@@ -5,16 +5,19 @@ Verification (K replays each way) is the sweep's, not the search's: cases/test_s
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 
 import pytest
 
 from capsafe_harness.search import CountingOracle, bisect, capped_ddmin, ddmin, grouped, search
 
 
-def needs(*culprits: str, log: list[tuple[str, ...]] | None = None):
+def needs(
+    *culprits: str, log: list[tuple[str, ...]] | None = None
+) -> Callable[[Sequence[str]], bool]:
     """A fake replay oracle: the target misbehaves when every culprit ran before it."""
 
-    def oracle(tests):
+    def oracle(tests: Sequence[str]) -> bool:
         if log is not None:
             log.append(tuple(tests))
         return set(culprits) <= set(tests)
@@ -27,7 +30,7 @@ def names(n: int) -> list[str]:
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13, 64, 100, 257, 1000])
-def test_single_polluter_within_log2_plus_2_replays_wherever_it_is(n) -> None:
+def test_single_polluter_within_log2_plus_2_replays_wherever_it_is(n: int) -> None:
     candidates = names(n)
     for position in {0, n // 3, n // 2, n - 1}:
         polluter = candidates[position]
@@ -117,8 +120,13 @@ def test_target_is_never_its_own_candidate() -> None:
 
 
 def test_counting_oracle_asks_each_question_once() -> None:
-    calls = []
-    ask = CountingOracle(lambda tests: calls.append(tests) or True)
+    calls: list[Sequence[str]] = []
+
+    def oracle(tests: Sequence[str]) -> bool:
+        calls.append(tests)
+        return True
+
+    ask = CountingOracle(oracle)
     ask(["a"])
     ask(["a"])
     ask(["b"])

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 
 from capsafe.errors import CudaError, UsageError
+from capsafe.handles import DevicePtr
 from capsafe.sim import SimBackend
 from capsafe.sim.calibration import ALIGNMENT, ALLOCATION_GRANULARITY, TOTAL_MEMORY
 from capsafe.sim.memory import DEVICE_BASE
@@ -12,7 +16,7 @@ from capsafe.sim.memory import DEVICE_BASE
 GRAN = ALLOCATION_GRANULARITY
 
 
-def result_of(fn, *args) -> str:
+def result_of(fn: Callable[..., object], *args: object) -> str:
     with pytest.raises(CudaError) as info:
         fn(*args)
     return info.value.result
@@ -83,7 +87,9 @@ def test_offsets_inside_an_allocation(sim_backend: SimBackend) -> None:
         "free-interior",
     ],
 )
-def test_out_of_range_access_is_invalid_value(sim_backend: SimBackend, action) -> None:
+def test_out_of_range_access_is_invalid_value(
+    sim_backend: SimBackend, action: Callable[[SimBackend, DevicePtr], object]
+) -> None:
     ptr = sim_backend.mem_alloc(64)
     assert result_of(action, sim_backend, ptr) == "CUDA_ERROR_INVALID_VALUE"
 
@@ -138,7 +144,8 @@ def test_host_buffers_must_be_contiguous_and_destinations_writable(
     with pytest.raises(UsageError, match="contiguous"):
         sim_backend.memcpy_htod(ptr, memoryview(bytearray(16))[::2])
     with pytest.raises(UsageError, match="DevicePtr"):
-        sim_backend.memset_d8(ptr.value, 0, 1)
+        address: Any = ptr.value  # an int where a DevicePtr belongs
+        sim_backend.memset_d8(address, 0, 1)
 
 
 # -- VMM ---------------------------------------------------------------------------------
