@@ -19,6 +19,7 @@ import subprocess
 import tarfile
 import venv
 from pathlib import Path
+from typing import Any
 
 import pytest
 from wheel_build import build_wheel, pypi_reason
@@ -38,7 +39,7 @@ SWEEP = {  # per case: modest runs and workers, so all six fit in a few minutes 
 }
 
 
-def _cases() -> list[dict]:
+def _cases() -> list[dict[str, Any]]:
     path = SHARED / "cases.json"
     return json.loads(path.read_text()) if path.is_file() else []
 
@@ -61,7 +62,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_wheel(tmp_path_factory.mktemp("wheel"))
 
 
-def interchangeable(case: dict) -> dict[str, set[str]]:
+def interchangeable(case: dict[str, Any]) -> dict[str, set[str]]:
     """Polluters the key says are equivalent: a keyed polluter and its other_polluters."""
     same: dict[str, set[str]] = {}
     for victim, entry in case.get("key", {}).items():
@@ -71,7 +72,7 @@ def interchangeable(case: dict) -> dict[str, set[str]]:
     return same
 
 
-def allowed_causes(case: dict, victim: str) -> set[str]:
+def allowed_causes(case: dict[str, Any], victim: str) -> set[str]:
     same = interchangeable(case)
     if victim in case.get("key", {}):
         entry = case["key"][victim]
@@ -100,7 +101,7 @@ def reproduces(
 
 @pytest.mark.parametrize("case", _cases(), ids=[c["name"] for c in _cases()])
 def test_the_sweep_classifies_the_case_as_its_key_says(
-    case: dict, wheel: Path, tmp_path: Path
+    case: dict[str, Any], wheel: Path, tmp_path: Path
 ) -> None:
     with tarfile.open(SHARED / case["archive"]) as archive:
         archive.extractall(tmp_path / "src", filter="data")

@@ -10,6 +10,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,11 +36,12 @@ def sweep(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedPro
     )  # fmt: skip
 
 
-def summary_of(out: Path) -> dict:
-    return json.loads((out / "summary.json").read_text())
+def summary_of(out: Path) -> dict[str, Any]:
+    summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
+    return summary
 
 
-def by_id(summary: dict) -> dict[str, dict]:
+def by_id(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {t["nodeid"]: t for t in summary["tests"]}
 
 
@@ -196,7 +198,9 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_a_stop_signal_writes_the_partial_report_and_exits_130(tmp_path: Path, stop) -> None:
+def test_a_stop_signal_writes_the_partial_report_and_exits_130(
+    tmp_path: Path, stop: signal.Signals
+) -> None:
     # SIGTERM (a cancelled CI job, `timeout`) once killed the sweep outright and left its
     # test process running, orphaned, with no report.
     suite = make_suite(tmp_path / "suite", test_slow=SLOW)
@@ -324,7 +328,7 @@ FAIL Required test coverage of 90% not reached. Total coverage: 75.00%
     ],
 )
 def test_a_suite_errors_message_is_what_pytest_said_before_its_counts(
-    tmp_path: Path, log, said
+    tmp_path: Path, log: str, said: str
 ) -> None:
     path = tmp_path / "run-1.log"
     path.write_text(log)
