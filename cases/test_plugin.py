@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from capsafe_harness.records import (
 )
 
 pytest_plugins = ["pytester"]
+RunLean = Callable[..., pytest.RunResult]
 
 SUITES = Path(__file__).resolve().parent.parent / "repro" / "suites"
 KEYS = set(Record.__annotations__) - {"env_leak"}
@@ -38,7 +40,7 @@ def rows_by_phase(directory: Path, phase: str = "call") -> list[Record]:
 
 
 @pytest.fixture
-def run_lean(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
+def run_lean(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> RunLean:
     """Subprocess runs with only this plugin and xdist loaded: other plugins' start-up
     (and pytest-run-parallel's numpy import) would dominate these tests."""
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
@@ -135,7 +137,7 @@ def test_random_is_reseeded_per_test(pytester: pytest.Pytester, tmp_path: Path) 
 
 
 def test_xdist_workers_follow_one_shuffled_order(
-    pytester: pytest.Pytester, tmp_path: Path, run_lean
+    pytester: pytest.Pytester, tmp_path: Path, run_lean: RunLean
 ) -> None:
     pytester.makepyfile(**THREE_MODULES)
     plain = collected(pytester)
@@ -143,6 +145,7 @@ def test_xdist_workers_follow_one_shuffled_order(
     result.assert_outcomes(passed=len(plain))
     calls = rows_by_phase(tmp_path)
     (seed,) = {r["seed"] for r in calls}
+    assert seed is not None
     assert {r["worker"] for r in calls} == {"gw0", "gw1"}
     assert len({r["run_id"] for r in calls}) == 1
     expected = order.shuffled(plain, seed, "global")
@@ -241,7 +244,7 @@ def test_signals_come_from_failure_text_and_exception_types(
 
 
 def test_crashed_worker_gets_a_crash_row(
-    pytester: pytest.Pytester, tmp_path: Path, run_lean
+    pytester: pytest.Pytester, tmp_path: Path, run_lean: RunLean
 ) -> None:
     pytester.makepyfile(test_die="import os\ndef test_ok(): pass\ndef test_die(): os._exit(1)\n")
     result = run_lean(
@@ -262,7 +265,7 @@ def test_crashed_worker_gets_a_crash_row(
 
 
 def test_neighbors_break_raw_captures_not_gated_ones(
-    pytester: pytest.Pytester, tmp_path: Path, run_lean
+    pytester: pytest.Pytester, tmp_path: Path, run_lean: RunLean
 ) -> None:
     suite = SUITES / "capture"
     args = [f"--capsafe-records={tmp_path}", "--rootdir", str(suite), "--capsafe-neighbors=2"]
@@ -276,7 +279,9 @@ def test_neighbors_break_raw_captures_not_gated_ones(
     assert calls["test_capture.py::test_protected_capture"]["outcome"] == "passed"
 
 
-def test_plugin_imports_nothing_heavy(pytester: pytest.Pytester, tmp_path: Path, run_lean) -> None:
+def test_plugin_imports_nothing_heavy(
+    pytester: pytest.Pytester, tmp_path: Path, run_lean: RunLean
+) -> None:
     pytester.makepyfile(
         """
         import sys

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,10 +14,11 @@ from capsafe_harness.schedule import deal
 from capsafe_harness.seeding import seed32
 
 pytest_plugins = ["pytester"]
+RunLean = Callable[..., pytest.RunResult]
 
 
 @pytest.fixture
-def run_lean(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
+def run_lean(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> RunLean:
     """Subprocess runs with only capsafe's plugin and xdist: no other plugin reseeds or splits."""
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
     # Prepended, not replaced: where capsafe is importable only through PYTHONPATH (a wheel
@@ -42,7 +44,7 @@ def worker_sequences(directory: Path) -> dict[str, list[str]]:
 
 
 def test_numpy_global_generator_is_reseeded_per_test(
-    pytester: pytest.Pytester, tmp_path: Path, run_lean
+    pytester: pytest.Pytester, tmp_path: Path, run_lean: RunLean
 ) -> None:
     pytest.importorskip("numpy")
     draws = tmp_path / "draws"
@@ -69,7 +71,7 @@ def test_numpy_global_generator_is_reseeded_per_test(
 
 
 def test_registered_random_seeders_get_the_per_test_seed(
-    pytester: pytest.Pytester, tmp_path: Path, run_lean
+    pytester: pytest.Pytester, tmp_path: Path, run_lean: RunLean
 ) -> None:
     """A generator registered for pytest-randomly (`pytest_randomly.random_seeder`) is reseeded
     before every phase of every test, with a value fixed by (seed, node id)."""
@@ -108,7 +110,7 @@ def test_t(i):
 
 
 def test_seed_fixes_which_worker_runs_which_test(
-    pytester: pytest.Pytester, tmp_path: Path, run_lean, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester, tmp_path: Path, run_lean: RunLean, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Same seed, same -n: the same per-worker sequences, however long each test takes
     (xdist's load scheduler hands the next test to whichever worker is free first)."""
@@ -133,7 +135,7 @@ def test_seed_fixes_which_worker_runs_which_test(
 
 
 def test_a_crashed_workers_remaining_tests_go_in_order_to_its_replacement(
-    pytester: pytest.Pytester, tmp_path: Path, run_lean
+    pytester: pytest.Pytester, tmp_path: Path, run_lean: RunLean
 ) -> None:
     pytester.makepyfile(
         test_crash="""
