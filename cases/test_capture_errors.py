@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import types
+from typing import Any
 
 import pytest
 
@@ -18,9 +19,9 @@ class _Status(Exception):
 
 
 def _fake_cupy(monkeypatch: pytest.MonkeyPatch) -> type[_Status]:
-    cupy = types.ModuleType("cupy")
+    cupy: Any = types.ModuleType("cupy")  # a fake of an untyped module
     runtime = types.SimpleNamespace(CUDARuntimeError=type("CUDARuntimeError", (_Status,), {}))
-    cupy.cuda = types.SimpleNamespace(runtime=runtime, driver=types.SimpleNamespace())  # type: ignore[attr-defined]
+    cupy.cuda = types.SimpleNamespace(runtime=runtime, driver=types.SimpleNamespace())
     monkeypatch.setitem(sys.modules, "cupy", cupy)
     error: type[_Status] = runtime.CUDARuntimeError
     return error
@@ -51,8 +52,8 @@ def test_cupy_error_by_name_when_cupy_is_not_loaded(monkeypatch: pytest.MonkeyPa
 
 
 def test_torch_error_by_code_and_by_description(monkeypatch: pytest.MonkeyPatch) -> None:
-    torch = types.ModuleType("torch")
-    torch.AcceleratorError = type("AcceleratorError", (RuntimeError,), {})  # type: ignore[attr-defined]
+    torch: Any = types.ModuleType("torch")  # a fake of an untyped module
+    torch.AcceleratorError = type("AcceleratorError", (RuntimeError,), {})
     monkeypatch.setitem(sys.modules, "torch", torch)
     exc = torch.AcceleratorError("CUDA error: something")
     exc.error_code = 906

@@ -16,7 +16,13 @@ pytestmark = pytest.mark.timeout(30)
 JOIN_S = 10.0
 
 
-def spawn(fn: Callable[[], object], name: str = "gate-test") -> threading.Thread:
+class Spawned(threading.Thread):
+    """A thread that keeps what it raised, for `join` to raise again."""
+
+    errors: list[BaseException]
+
+
+def spawn(fn: Callable[[], object], name: str = "gate-test") -> Spawned:
     """Start `fn` on a daemon thread; any exception is re-raised by `join`."""
     errors: list[BaseException] = []
 
@@ -26,17 +32,17 @@ def spawn(fn: Callable[[], object], name: str = "gate-test") -> threading.Thread
         except BaseException as exc:
             errors.append(exc)
 
-    thread = threading.Thread(target=body, name=name, daemon=True)
-    thread.errors = errors  # type: ignore[attr-defined]
+    thread = Spawned(target=body, name=name, daemon=True)
+    thread.errors = errors
     thread.start()
     return thread
 
 
-def join(thread: threading.Thread, timeout: float = JOIN_S) -> None:
+def join(thread: Spawned, timeout: float = JOIN_S) -> None:
     thread.join(timeout)
     assert not thread.is_alive(), f"{thread.name} still blocked after {timeout} s (deadlock?)"
-    if thread.errors:  # type: ignore[attr-defined]
-        raise thread.errors[0]  # type: ignore[attr-defined]
+    if thread.errors:
+        raise thread.errors[0]
 
 
 def blocked(thread: threading.Thread, for_s: float = 0.1) -> bool:

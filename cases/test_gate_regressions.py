@@ -67,7 +67,7 @@ def test_1_an_exception_after_the_fairness_grant_returns_the_grant() -> None:
     guard.release()
     waiter.join(5)
     assert g._may_enter.fired.is_set()
-    assert isinstance(waiter.errors[0], KeyboardInterrupt)  # type: ignore[attr-defined]
+    assert isinstance(waiter.errors[0], KeyboardInterrupt)
     # The grant was returned: the next capture begins (it timed out: "no holder left").
     g.begin_capture(timeout=2).release()
     assert g.stats().holders == ()
@@ -257,7 +257,7 @@ def test_6_a_helper_of_a_capture_that_allocates_times_out_instead_of_hanging() -
     helper = spawn(lambda: g.enter("mem_alloc"), name="helper")
     helper.join(5)
     guard.release()
-    error = helper.errors[0]  # type: ignore[attr-defined]
+    error = helper.errors[0]
     assert isinstance(error, GateTimeout)
     assert "MainThread" in str(error) and "test_gate_regressions.py" in str(error)
 

@@ -21,14 +21,16 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from capsafe import kernel_cache, nvrtc
 from capsafe.backend_cuda import NvrtcOutput
 from capsafe.errors import UsageError
-from capsafe.kernel_cache import HEADER_SIZE, KernelCache, OnceWarner, cache_key
+from capsafe.kernel_cache import HEADER_SIZE, KernelCache, Lookup, OnceWarner, cache_key
 
 PAYLOAD_SIZE = 300
 
@@ -45,7 +47,7 @@ class Compiler:
     def __init__(self) -> None:
         self.calls = 0
 
-    def __call__(self, key: str):  # type: ignore[no-untyped-def]
+    def __call__(self, key: str) -> Callable[[], tuple[bytes, dict[str, str]]]:
         def compile() -> tuple[bytes, dict[str, str]]:
             self.calls += 1
             return payload_for(key.lower()), {"name": "k.cu"}
@@ -63,7 +65,7 @@ def cache(tmp_path: Path, warner: OnceWarner) -> KernelCache:
     return KernelCache(tmp_path / "cache", warn=warner)
 
 
-def lookup(cache: KernelCache, compiler: Compiler, n: int = 0):  # type: ignore[no-untyped-def]
+def lookup(cache: KernelCache, compiler: Compiler, n: int = 0) -> Lookup:
     return cache.get_or_compile(key_of(n), "ptx", compiler(key_of(n)))
 
 
@@ -120,14 +122,14 @@ def test_a_write_under_budget_lists_no_directory(
     compiler = Compiler()
     for n in range(20):
         lookup(cache, compiler, n)
-    listed = []
+    listed: list[tuple[Any, ...]] = []
     real_listdir, real_scandir = os.listdir, os.scandir
 
-    def listdir(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def listdir(*args: Any, **kwargs: Any) -> list[str]:
         listed.append(args)
         return real_listdir(*args, **kwargs)
 
-    def scandir(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def scandir(*args: Any, **kwargs: Any) -> Iterator[os.DirEntry[str]]:
         listed.append(args)
         return real_scandir(*args, **kwargs)
 
@@ -200,7 +202,7 @@ def test_a_failing_close_after_a_read_falls_through(
     real_open, real_close = os.open, os.close
     entry_fds: set[int] = set()
 
-    def open_(path, flags, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def open_(path: str | os.PathLike[str], flags: int, *args: Any, **kwargs: Any) -> int:
         fd = real_open(path, flags, *args, **kwargs)
         if str(path).endswith(key_of(0)) and not flags & os.O_CREAT:
             entry_fds.add(fd)
@@ -251,7 +253,7 @@ def test_an_os_error_from_any_call_falls_through(
             lookup(cache, compiler)
         count = 0
 
-        def faulty(*args, **kwargs):  # type: ignore[no-untyped-def]
+        def faulty(*args: Any, **kwargs: Any) -> Any:  # whichever os function `name` is
             nonlocal count
             count += 1
             if count == fail_at:
