@@ -9,6 +9,7 @@ never meets (it never gets in at all); states are observed, not slept for.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -269,3 +270,35 @@ def test_an_exception_in_the_slow_path_of_enter_leaves_no_section(
     finally:
         done.set()
     join(thread)
+
+
+def test_releasing_a_nested_capture_narrows_the_set_back_to_the_outer_one() -> None:
+    """Under the measured policy a nested capture that every call breaks widens the set;
+    once it ends, what the outer capture allows runs beside it again."""
+    g = CaptureGate()
+    outer = g.begin_capture(harmful=frozenset({"ctx_synchronize"}), timeout=JOIN_S)
+    g.begin_capture(harmful=None, timeout=JOIN_S).release()
+    entered = threading.Event()
+    section = spawn(lambda: (g.enter("mem_alloc"), entered.set(), g.exit()), name="allocator")
+    until(lambda: entered.is_set() or g.stats().contended_waits, "the section entering or waiting")
+    assert entered.is_set(), "kept out by a nested capture that had ended"
+    join(section)
+    assert g.stats().admitted_measured == 1
+    outer.release()
+
+
+def test_a_guard_taken_before_fork_releases_nothing_in_the_child() -> None:
+    g = CaptureGate()
+    guard = g.begin_capture(timeout=JOIN_S)
+    pid = os.fork()
+    if pid == 0:  # the child's gate is fresh: the guard is released, and only once
+        try:
+            ok = guard.release() is True and guard.released and guard.release() is False
+            g.begin_capture(timeout=1).release()
+            os._exit(0 if ok and g.stats().open_captures == 0 else 3)
+        except BaseException:
+            os._exit(4)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert not guard.released and g.stats().open_captures == 1  # the parent's is intact
+    assert guard.release() is True
