@@ -20,7 +20,7 @@ from test_gate_regressions import CallbackCondition
 
 from capsafe import gate as gate_module
 from capsafe.errors import UsageError
-from capsafe.gate import CaptureGate
+from capsafe.gate import CaptureGate, GateTimeout
 
 pytestmark = pytest.mark.timeout(60)
 #: What a capture woken by a notification has to enter within; it normally takes
@@ -302,3 +302,230 @@ def test_a_guard_taken_before_fork_releases_nothing_in_the_child() -> None:
     assert os.waitstatus_to_exitcode(status) == 0
     assert not guard.released and g.stats().open_captures == 1  # the parent's is intact
     assert guard.release() is True
+
+
+def test_a_guard_is_its_own_context_and_knows_when_its_window_opened() -> None:
+    g = CaptureGate()
+    before = time.monotonic()
+    with g.begin_capture(label="timed", timeout=JOIN_S) as guard:
+        assert isinstance(guard, gate_module.CaptureGuard) and not guard.released
+        assert before <= guard.started <= time.monotonic()  # the window's start
+        assert guard.label == "timed" and g.owned_by_current_thread()
+    assert guard.released and not g.owned_by_current_thread()
+
+
+def test_sections_of_threads_that_ended_still_count_once_pruned() -> None:
+    """Records of ended threads are pruned (past eight); their entries stay counted."""
+    g = CaptureGate()
+    for n in range(12):
+        join(spawn(lambda: (g.enter("mem_alloc"), g.exit()), name=f"short-lived-{n}"))
+    with g:
+        pass
+    stats = g.stats()
+    assert stats.shared_entered == 13
+    assert len(g._records) < 12  # pruned: the count above came from the retired total
+    assert stats.holders == ()
+
+
+def test_the_longest_wait_is_kept() -> None:
+    began = time.monotonic()
+    g = CaptureGate()
+    guard = g.begin_capture(timeout=JOIN_S)
+    waiter = spawn(lambda: (g.enter("mem_alloc"), g.exit()), name="waiter")
+    until(lambda: g.stats().contended_waits == 1, "the section waiting")
+    time.sleep(0.05)  # a wait of at least this long: what max_wait_s reports
+    guard.release()
+    join(waiter)
+    longest = g.stats().max_wait_s
+    assert 0.05 <= longest <= time.monotonic() - began
+    join(spawn(lambda: (g.enter("mem_alloc"), g.exit())))  # no wait: keeps the longest
+    assert g.stats().max_wait_s == longest
+
+
+def test_the_forking_thread_keeps_its_sections_as_plain_sections() -> None:
+    """Forked inside its own capture, the thread keeps its sections in the child, where
+    no capture of its is open: they block other captures again (not set aside)."""
+    g = CaptureGate()
+    guard = g.begin_capture(timeout=JOIN_S)
+    g.enter("mem_alloc")  # inside its own window: bypassed, counted on its record
+    pid = os.fork()
+    if pid == 0:
+        try:
+            roles = [h.role for h in g.stats().holders]
+            g.exit()
+            g.begin_capture(timeout=1).release()
+            os._exit(0 if roles == ["shared"] else 3)
+        except BaseException:
+            os._exit(4)
+    _, status = os.waitpid(pid, 0)
+    g.exit()
+    guard.release()
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_calls_nested_in_a_section_inside_the_own_window_are_counted_as_bypassed() -> None:
+    g = CaptureGate()
+    with g.shared("mem_alloc"), g.begin_capture(timeout=JOIN_S), g.shared("mem_free"):
+        pass
+    assert g.bypassed_calls() == {"mem_free": 1}
+
+
+class AfterWaitCondition(threading.Condition):
+    """Runs `callback` once in `victim` when a wait returns after `ready()` holds: a
+    finalizer landing in the wait after the capture it waited for has ended."""
+
+    def __init__(self, lock: threading.RLock, victim: str, ready: Callable[[], bool],
+                 callback: Callable[[], None]) -> None:  # fmt: skip
+        super().__init__(lock)
+        self.victim, self.ready, self.callback = victim, ready, callback
+        self.ran = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        result = super().wait(timeout)
+        mine = threading.current_thread().name == self.victim
+        if mine and not self.ran.is_set() and self.ready():
+            self.ran.set()
+            self.callback()
+        return result
+
+
+def test_a_release_deferred_after_the_capture_ended_runs_when_the_wait_ends() -> None:
+    """No capture end is coming to run it: the waiting section runs it as it enters."""
+    g = CaptureGate()
+    released: list[str] = []
+    ran_by_then: list[list[str]] = []
+    g._may_enter = AfterWaitCondition(
+        g._lock,
+        "waiter",
+        lambda: g._owner is None,
+        lambda: (
+            released.append("queued") if g.defer_if_capturing(released.append, "freed") else None
+        ),
+    )
+    guard = g.begin_capture(timeout=JOIN_S)
+
+    def waiter() -> None:
+        g.enter("mem_alloc")
+        ran_by_then.append(list(released))
+        g.exit()
+
+    thread = spawn(waiter, name="waiter")
+    until(lambda: g.stats().contended_waits == 1, "the section waiting")
+    guard.release()
+    join(thread)
+    assert g._may_enter.ran.is_set()
+    assert ran_by_then == [["queued", "freed"]]  # deferred, then run before enter() returned
+
+
+@pytest.mark.parametrize("side", ["capture", "shared"])
+def test_a_wait_times_out_no_sooner_than_its_timeout(side: str) -> None:
+    """Load can only make a wait longer, so this lower bound holds on any machine."""
+    g = CaptureGate(shared_timeout=1.5)
+    guard = g.begin_capture(timeout=JOIN_S)
+    errors: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            if side == "capture":
+                g.begin_capture(timeout=1.5)
+            else:
+                g.enter("mem_alloc")
+        except GateTimeout as exc:
+            errors.append(exc)
+
+    start = time.monotonic()
+    join(spawn(wait, name="waiter"))
+    waited = time.monotonic() - start
+    guard.release()
+    assert len(errors) == 1 and waited >= 1.5, (waited, errors)
+
+
+def test_a_nested_call_in_an_admitted_section_whose_capture_ended_does_not_wait() -> None:
+    g = CaptureGate()
+    began = time.monotonic()
+    guard = g.begin_capture(harmful=frozenset({"ctx_synchronize"}), timeout=JOIN_S)
+    inside, ended, nested = threading.Event(), threading.Event(), threading.Event()
+
+    def admitted() -> None:
+        with g.shared("mem_alloc"):  # admitted beside the capture
+            inside.set()
+            assert ended.wait(JOIN_S)
+            with g.shared("ctx_synchronize"):  # the capture it was admitted beside ended
+                nested.set()
+
+    thread = spawn(admitted, name="admitted")
+    assert inside.wait(JOIN_S)
+    guard.release()
+    ended.set()
+    join(thread)
+    stats = g.stats()
+    assert nested.is_set() and stats.admitted_measured == 1
+    assert stats.contended_waits == 0  # it never waited
+    assert stats.max_wait_s <= time.monotonic() - began
+
+
+def test_a_parked_nested_call_reports_how_long_it_waited() -> None:
+    g = CaptureGate()
+    began = time.monotonic()
+    guard = g.begin_capture(harmful=frozenset({"ctx_synchronize"}), timeout=JOIN_S)
+    inside, nested = threading.Event(), threading.Event()
+
+    def admitted() -> None:
+        with g.shared("mem_alloc"):
+            inside.set()
+            with g.shared("ctx_synchronize"):  # forbidden beside the capture: parks
+                nested.set()
+
+    thread = spawn(admitted, name="admitted")
+    assert inside.wait(JOIN_S)
+    until(lambda: g.stats().contended_waits == 1, "the nested call parking")
+    assert not nested.is_set()
+    guard.release()
+    join(thread)
+    assert nested.is_set()
+    assert 0 < g.stats().max_wait_s <= time.monotonic() - began
+
+
+def test_a_release_deferred_in_a_capture_wait_waits_for_that_capture_to_end() -> None:
+    """Deferred after the capture it waited for ended, the release must not run as the
+    waiting thread's own capture begins: it would run inside that window."""
+    g = CaptureGate()
+    released: list[str] = []
+    g._may_capture = AfterWaitCondition(
+        g._lock,
+        "waiter",
+        lambda: g._owner is None,
+        lambda: g.defer_if_capturing(released.append, "freed") and None,
+    )
+    guard = g.begin_capture(timeout=JOIN_S)
+    seen: list[list[str]] = []
+
+    def waiter() -> None:
+        with g.begin_capture(timeout=JOIN_S):
+            seen.append(list(released))  # inside its own window
+        seen.append(list(released))
+
+    thread = spawn(waiter, name="waiter")
+    until(lambda: g.stats().capture_waits == 1, "the capture waiting")
+    guard.release()
+    join(thread)
+    assert g._may_capture.ran.is_set()
+    assert seen == [[], ["freed"]]
+
+
+def test_a_granted_section_is_named_as_such_until_it_enters() -> None:
+    g = CaptureGate(fairness_s=0.001)
+    roles: list[list[tuple[str, str]]] = []
+    g._may_enter = AfterWaitCondition(
+        g._lock,
+        "section",
+        lambda: record_of(g, "section").granted,
+        lambda: roles.append([(h.thread_name, h.role) for h in g.holders()]),
+    )
+    guard = g.begin_capture(timeout=JOIN_S)
+    section = spawn(lambda: (g.enter("mem_alloc"), g.exit()), name="section")
+    until(lambda: g.stats().contended_waits == 1, "the section waiting")
+    time.sleep(0.01)  # longer than fairness_s: the capture's end grants it entry
+    guard.release()
+    join(section)
+    assert roles == [[("section", "granted entry")]]

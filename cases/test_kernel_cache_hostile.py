@@ -9,6 +9,7 @@ whole lock timeout, and PCH options were cached.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -21,6 +22,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -471,3 +473,58 @@ def test_a_stats_lock_that_cannot_be_replaced_is_reported_and_eviction_runs(
         cache.get_or_compile(key_of(n), "ptx", lambda: (payload, {}))
         assert cache.usage()[1] <= budget
     assert any("a FIFO" in w and "pruning unlocked" in w for w in warnings), warnings
+
+
+def test_a_failed_rename_is_reported_and_not_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    warnings: list[str] = []
+    cache = KernelCache(tmp_path / "cache", warn=warnings.append)
+    lookup(cache, Compiler(), 0)  # the tracker is known from here on
+    before = json.loads((cache.directory / "stats.json").read_text())["bytes"]
+    real_replace = os.replace
+
+    def replace(src, dst, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if dst == key_of(1):
+            raise OSError(errno.EIO, "injected")
+        return real_replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", replace)
+    made = lookup(cache, Compiler(), 1)
+    assert made.payload == payload_for(key_of(1)) and not made.hit
+    assert any("cannot write" in w for w in warnings), warnings
+    monkeypatch.undo()
+    assert json.loads((cache.directory / "stats.json").read_text())["bytes"] == before
+    assert cache.usage() == (1, before)  # no entry, no temp file left
+
+
+def test_an_unbounded_cache_never_scans_on_a_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = KernelCache(tmp_path / "cache", max_bytes=0)
+    lookup(cache, Compiler(), 0)
+    scanned: list[object] = []
+    monkeypatch.setattr(cache, "prune", lambda *a, **k: scanned.append(a) or (0, 0))
+    for n in range(1, 5):
+        lookup(cache, Compiler(), n)
+    assert scanned == []
+
+
+def test_prune_of_an_empty_cache_and_of_a_locked_one_removes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    warnings: list[str] = []
+    cache = KernelCache(tmp_path / "cache", warn=warnings.append)
+    assert cache.usable()  # the directory exists, entries/ does not yet
+    assert cache.prune(max_bytes=1) == (0, 0)
+    assert warnings == []
+    lookup(cache, Compiler(), 0)
+
+    @contextlib.contextmanager
+    def busy(directory: object) -> Iterator[int]:
+        raise kernel_cache.lock.LockUnavailable("held by pid 1")
+        yield 0
+
+    monkeypatch.setattr(kernel_cache.stats, "locked", busy)
+    assert cache.prune(max_bytes=1) == (0, 0)
+    assert cache.usage()[0] == 1 and any("held by pid 1" in w for w in warnings)

@@ -111,12 +111,35 @@ EQUIVALENT = {
         # first) and every exclusive acquisition sets it before anyone reads it.
         ("_release", "removed: `self._harmful = _NOTHING` removed"),
         # A record's lax_window is read only while its depth is negative, and the one
-        # store that makes it negative (_admit) writes lax_window with it; waiting_since
-        # is read only while `waiting` says the thread waits, set in the same stores.
+        # store that makes it negative (_admit) writes lax_window with it; the gate's
+        # _window is only compared for equality with a lax_window copied from it.
         ("__init__", "removed: `self.lax_window = 0` removed"),
-        ("__init__", "constant: 0 -> 1"),  # of lax_window: the only int literal 0 there
+        ("__init__", "constant: 0 -> 1 in `self.lax_window = 0`"),
+        ("_init_state", "constant: 0 -> 1 in `self._window = 0`"),
+        # waiting_since is read only while `waiting` says the thread waits for entry,
+        # and every such wait sets it first.
         ("__init__", "removed: `self.waiting_since = 0.0` removed"),
-        ("__init__", "constant: 0.0 -> 1.0"),
+        ("__init__", "constant: 0.0 -> 1.0 in `self.waiting_since = 0.0`"),
+        ("_wait_to_enter", "removed: `rec.waiting_since = 0.0` removed"),
+        ("_wait_to_enter", "constant: 0.0 -> 1.0 in `rec.waiting_since = 0.0`"),
+        ("_enter_nested_admitted", "removed: `rec.waiting_since = 0.0` removed"),
+        ("_enter_nested_admitted", "constant: 0.0 -> 1.0 in `rec.waiting_since = 0.0`"),
+        ("_enter_nested_admitted", "removed: `rec.waiting_since = start` removed"),
+        # How many records of ended threads are kept before pruning: memory only.
+        ("_prune", "comparison: < -> <= in `if len(self._records) < 8:`"),
+        ("_prune", "constant: 8 -> 9 in `if len(self._records) < 8:`"),
+        ("_prune", "removed: `return` removed"),  # pruning sooner
+        ("stats", "removed: `self._prune()` removed"),  # each new thread's record prunes too
+    },
+    "capsafe/kernel_cache/store.py": {
+        # Not returning early here reaches the eviction loop, which breaks at once
+        # when the total fits or nothing is evictable (budget 0 lists nothing): the
+        # same result, after a sort.
+        ("_evict", "boolean: or -> and in `if budget == 0 or total <= budget:`"),
+        ("_evict", "comparison: <= -> < in `if budget == 0 or total <= budget:`"),
+        # A hit forcing its flush only saves the counters sooner (batching is a cost
+        # measure: one locked write a second instead of one per hit).
+        ("_count", "constant: False -> True in `self._flush_stats(force=False)`"),
     },
 }
 _REMOVABLE = (
@@ -156,6 +179,7 @@ class _Finder:
         self.path, self.source = path, source
         self.function = ""  # the enclosing function; "" at module and class level
         self.parent: ast.AST | None = None
+        self.statement: ast.stmt | None = None  # the innermost statement, for messages
         self.bound: dict[str, int] = {}  # how often each local name is bound
         self.skip = SKIP_FUNCTIONS.get(path, frozenset())
         self.line_starts = [0]
@@ -171,6 +195,8 @@ class _Finder:
 
     def add(self, node: ast.AST, kind: str, text: str, replacement: str) -> None:
         start, end = self.offsets(node)
+        if kind != "removed" and self.statement is not None:  # say which statement
+            text += f" in `{_first_line(ast.unparse(self.statement))}`"
         where = f"{node.lineno} in {self.function}"  # type: ignore[attr-defined]
         self.found.append(Mutant(self.path, where, kind, text, start, end, replacement.encode()))
 
@@ -185,18 +211,23 @@ class _Finder:
                 return
             outer, self.function = self.function, node.name
             outer_bound, self.bound = self.bound, _bindings(node)
+            outer_statement, self.statement = self.statement, node
             try:
                 self.visit_children(node)
             finally:
                 self.function, self.bound = outer, outer_bound
+                self.statement = outer_statement
             return
+        outer_statement = self.statement
+        if isinstance(node, ast.stmt):
+            self.statement = node
         if self.function:
             self.mutate(node)
         outer_parent, self.parent = self.parent, node
         try:
             self.visit_children(node)
         finally:
-            self.parent = outer_parent
+            self.parent, self.statement = outer_parent, outer_statement
 
     def visit_children(self, node: ast.AST) -> None:
         for field, value in ast.iter_fields(node):
@@ -539,6 +570,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"no oracle for {', '.join(unknown)}; known: {', '.join(ORACLES)}")
     mutants = [m for path in args.files for m in mutants_of(path)]
+    total = len(mutants)
     if args.match:
         mutants = [m for m in mutants if args.match in m.describe()]
     if args.rerun:
@@ -547,7 +579,8 @@ def main(argv: list[str] | None = None) -> int:
             for line in args.rerun.read_text().splitlines()
             if line.startswith("survivor: ")
         }
-        mutants = [m for m in mutants if m.describe() in listed]
+        # An older run may have named a mutant more briefly: a prefix matches.
+        mutants = [m for m in mutants if any(m.describe().startswith(d) for d in listed)]
     if args.sample and args.sample < len(mutants):
         step = len(mutants) / args.sample
         mutants = [mutants[int(i * step)] for i in range(args.sample)]
@@ -556,6 +589,11 @@ def main(argv: list[str] | None = None) -> int:
             print(m.describe())
         print(f"{len(mutants)} mutants")
         return 0
+    # Started in the background, SIGINT may be ignored: make both stop the run cleanly
+    # (the workers' process groups are killed and the copies removed).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    print(f"judging {len(mutants)} of {total} mutants", flush=True)
     preload_pytest()
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="capsafe-mutate-") as tmp:
@@ -565,9 +603,9 @@ def main(argv: list[str] | None = None) -> int:
     for mutant in survivors:
         print(f"survivor: {mutant.describe()}")
     killed = len(mutants) - len(survivors) - len(errors)
-    total = len(mutants)
     print(f"({time.monotonic() - start:.0f} s)")
-    print(f"killed {killed} of {total} mutants ({100 * killed / max(total, 1):.1f}%)")
+    judged = len(mutants)
+    print(f"killed {killed} of {judged} mutants ({100 * killed / max(judged, 1):.1f}%)")
     return 0 if not survivors and not errors else 1
 
 
