@@ -413,6 +413,9 @@ def test_a_compile_is_on_disk_at_once_and_hits_within_the_flush_period(
     lookup(cache, FakeCompiler(), 0)
     on_disk = json.loads((cache.directory / "stats.json").read_text())
     assert on_disk["compiles"] == 1
+    key = key_of(1)  # compiled, not published: nothing else flushes it
+    cache.get_or_compile(key, "ptx", FakeCompiler().for_key(key), publish_if=lambda: False)
+    assert json.loads((cache.directory / "stats.json").read_text())["compiles"] == 2
     monkeypatch.setattr(kernel_cache.store, "_STATS_FLUSH_SECONDS", 0.0)
     assert lookup(cache, FakeCompiler(), 0).hit
     assert json.loads((cache.directory / "stats.json").read_text())["hits"] == 1

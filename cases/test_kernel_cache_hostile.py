@@ -528,3 +528,24 @@ def test_prune_of_an_empty_cache_and_of_a_locked_one_removes_nothing(
     monkeypatch.setattr(kernel_cache.stats, "locked", busy)
     assert cache.prune(max_bytes=1) == (0, 0)
     assert cache.usage()[0] == 1 and any("held by pid 1" in w for w in warnings)
+
+
+def test_prune_without_the_lock_that_cannot_scan_removes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    warnings: list[str] = []
+    cache = KernelCache(tmp_path / "cache", warn=warnings.append)
+    lookup(cache, Compiler(), 0)
+
+    @contextlib.contextmanager
+    def broken(directory: object) -> Iterator[int]:
+        raise OSError(errno.EIO, "injected")
+        yield 0
+
+    def cannot_scan(*args: object) -> tuple[int, int, int]:
+        raise OSError(errno.EIO, "injected")
+
+    monkeypatch.setattr(kernel_cache.stats, "locked", broken)
+    monkeypatch.setattr(cache, "_evict", cannot_scan)
+    assert cache.prune(max_bytes=1) == (0, 0)
+    assert any("pruning unlocked" in w for w in warnings)
