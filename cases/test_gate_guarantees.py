@@ -9,7 +9,9 @@ never meets (it never gets in at all); states are observed, not slept for.
 
 from __future__ import annotations
 
+import linecache
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -338,6 +340,7 @@ def test_the_longest_wait_is_kept() -> None:
     join(waiter)
     longest = g.stats().max_wait_s
     assert 0.05 <= longest <= time.monotonic() - began
+    assert g.stats().shared_entered == 1  # the section that waited counts once
     join(spawn(lambda: (g.enter("mem_alloc"), g.exit())))  # no wait: keeps the longest
     assert g.stats().max_wait_s == longest
 
@@ -529,3 +532,51 @@ def test_a_granted_section_is_named_as_such_until_it_enters() -> None:
     guard.release()
     join(section)
     assert roles == [[("section", "granted entry")]]
+
+
+@pytest.mark.parametrize("outer", [False, True])
+def test_a_signal_just_after_a_guard_is_registered_gives_it_back(outer: bool) -> None:
+    """What a Ctrl-C does when it lands on the line after the registration: the
+    guard never reaches the caller, so begin_capture must release it."""
+    g = CaptureGate()
+    first = g.begin_capture(timeout=JOIN_S) if outer else None
+    where = "_begin_nested" if outer else "_begin"
+
+    def tracer(frame, event, arg):  # type: ignore[no-untyped-def]
+        if frame.f_code.co_name != where:
+            return tracer
+        line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+        if event == "line" and "self._captures += 1" in line:
+            sys.settrace(None)
+            raise KeyboardInterrupt
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            g.begin_capture(timeout=JOIN_S)
+    finally:
+        sys.settrace(None)
+    assert g.stats().open_captures == (1 if outer else 0)
+    if first is not None:
+        first.release()
+    assert g.stats().open_captures == 0 and g.stats().holders == ()
+    join(spawn(lambda: g.begin_capture(timeout=JOIN_S).release()))
+
+
+def begin_here(g: CaptureGate) -> gate_module.CaptureGuard:
+    return g.begin_capture(timeout=JOIN_S)  # the site the capture holder names
+
+
+def test_a_capture_holder_names_where_it_began_and_owns_only_its_thread() -> None:
+    g = CaptureGate()
+    assert not g.owned_by_current_thread()  # no record yet, no capture
+    guard = begin_here(g)
+    owner_seen: list[bool] = []
+    join(spawn(lambda: owner_seen.append(g.owned_by_current_thread())))
+    (holder,) = g.holders()
+    line = begin_here.__code__.co_firstlineno + 1
+    assert holder.role == "capture" and holder.site.endswith(f":{line} in begin_here")
+    assert owner_seen == [False] and g.owned_by_current_thread()
+    guard.release()
+    assert not g.owned_by_current_thread()
