@@ -549,3 +549,16 @@ def test_prune_without_the_lock_that_cannot_scan_removes_nothing(
     monkeypatch.setattr(cache, "_evict", cannot_scan)
     assert cache.prune(max_bytes=1) == (0, 0)
     assert any("pruning unlocked" in w for w in warnings)
+
+
+def test_a_fresh_temp_file_counts_toward_the_budget(tmp_path: Path) -> None:
+    """Another writer's temp file takes space now: prune counts it (and leaves it)."""
+    cache = KernelCache(tmp_path / "cache")
+    for n in range(3):
+        lookup(cache, Compiler(), n)
+    entries = cache.usage()[1]
+    temp = cache.entry_path(key_of(0)).parent / ".tmp-1-0123456789abcdef"
+    temp.write_bytes(b"t" * entries)
+    removed, _freed = cache.prune(max_bytes=entries)
+    assert removed >= 1 and temp.exists()
+    assert cache.usage()[1] <= entries
