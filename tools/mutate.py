@@ -175,6 +175,11 @@ EQUIVALENT = {
             "constant: False -> True in "
             "`self._count(compiles=1, compile_seconds=made.compile_seco...`",
         ),
+        # Time since the last flush made always large: every hit flushes (sooner only).
+        (
+            "_flush_stats",
+            "arithmetic: - -> + in `if not force and time.monotonic() - self._last_flush < _S...`",
+        ),
         # Nothing reads what _write returns.
         ("_write", "removed: `return True` removed"),
     },
