@@ -269,8 +269,16 @@ def parse_choice(environ: Environ, name: str, choices: tuple[str, ...], default:
     return raw.lower()
 
 
-def _parse_int(environ: Environ, name: str, default: int, minimum: int, remedy: str) -> int:
-    """An integer >= `minimum`; unset or empty gives `default`; else `NAME='raw' remedy`."""
+def _parse_int(
+    environ: Environ,
+    name: str,
+    default: int,
+    minimum: int,
+    remedy: str,
+    maximum: int | None = None,
+) -> int:
+    """An integer in [`minimum`, `maximum`]; unset or empty gives `default`; else
+    `NAME='raw' remedy`."""
     raw = _value(environ, name)
     if raw is None:
         return default
@@ -278,7 +286,7 @@ def _parse_int(environ: Environ, name: str, default: int, minimum: int, remedy: 
         number = int(raw)
     except ValueError:
         number = minimum - 1
-    if number < minimum:
+    if number < minimum or (maximum is not None and number > maximum):
         raise SettingError(f"{name}={raw!r} {remedy}")
     return number
 
@@ -289,10 +297,10 @@ def parse_size(environ: Environ, name: str, default: int) -> int:
     return _parse_int(environ, name, default, 0, remedy)
 
 
-def parse_count(environ: Environ, name: str, default: int, unit: str) -> int:
-    """A whole number of `unit` (plural), 1 or more; unset or empty gives `default`."""
-    remedy = f"is not valid; use a whole number of {unit}, 1 or more"
-    return _parse_int(environ, name, default, 1, remedy)
+def parse_count(environ: Environ, name: str, default: int, unit: str, maximum: int) -> int:
+    """A whole number of `unit` (plural), 1 to `maximum`; unset or empty gives `default`."""
+    remedy = f"is not valid; use a whole number of {unit}, 1 to {maximum}"
+    return _parse_int(environ, name, default, 1, remedy, maximum)
 
 
 # -- capsafe's own settings ---------------------------------------------------
@@ -300,6 +308,10 @@ def parse_count(environ: Environ, name: str, default: int, unit: str) -> int:
 BACKENDS = ("cuda", "sim", "auto")
 GATE_POLICIES = ("conservative", "measured")
 DEFAULT_KERNEL_CACHE_MAX_BYTES = 256 * 1024 * 1024
+#: The most devices the simulated machine may have: more than any real node (an
+#: NVLink domain of 72 GPUs is not one process's machine), and each costs memory and
+#: start-up time before the first call (10^6 took 7-10 s and 320 MB).
+MAX_SIM_DEVICES = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,7 +349,7 @@ class RuntimeConfig:
             kernel_cache_max_bytes=parse_size(
                 environ, "CAPSAFE_KERNEL_CACHE_MAX_BYTES", DEFAULT_KERNEL_CACHE_MAX_BYTES
             ),
-            sim_devices=parse_count(environ, "CAPSAFE_SIM_DEVICES", 1, "devices"),
+            sim_devices=parse_count(environ, "CAPSAFE_SIM_DEVICES", 1, "devices", MAX_SIM_DEVICES),
         )
 
 

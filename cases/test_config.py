@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from capsafe.config import (
+    MAX_SIM_DEVICES,
     Change,
     FrozenConfig,
     FrozenConfigError,
@@ -178,10 +179,12 @@ def test_runtime_config_from_an_explicit_mapping() -> None:
         ("CAPSAFE_GATE", "maybe", "1, true, yes, on, 0, false, no, off"),
         ("CAPSAFE_KERNEL_CACHE_MAX_BYTES", "-1", "integer >= 0"),
         ("CAPSAFE_KERNEL_CACHE_MAX_BYTES", "1GB", "integer >= 0"),
-        ("CAPSAFE_SIM_DEVICES", "0", "use a whole number of devices, 1 or more"),
-        ("CAPSAFE_SIM_DEVICES", "-2", "use a whole number of devices, 1 or more"),
-        ("CAPSAFE_SIM_DEVICES", "1.5", "use a whole number of devices, 1 or more"),
-        ("CAPSAFE_SIM_DEVICES", "two", "use a whole number of devices, 1 or more"),
+        ("CAPSAFE_SIM_DEVICES", "0", "use a whole number of devices, 1 to 64"),
+        ("CAPSAFE_SIM_DEVICES", "-2", "use a whole number of devices, 1 to 64"),
+        ("CAPSAFE_SIM_DEVICES", "1.5", "use a whole number of devices, 1 to 64"),
+        ("CAPSAFE_SIM_DEVICES", "two", "use a whole number of devices, 1 to 64"),
+        ("CAPSAFE_SIM_DEVICES", "65", "use a whole number of devices, 1 to 64"),
+        ("CAPSAFE_SIM_DEVICES", "1000000", "use a whole number of devices, 1 to 64"),
     ],
 )
 def test_runtime_config_parse_errors_are_one_line(variable: str, value: str, expected: str) -> None:
@@ -197,8 +200,9 @@ def test_sim_devices_message_is_exactly_one_line() -> None:
     with pytest.raises(SettingError) as caught:
         check_settings({"CAPSAFE_SIM_DEVICES": "0"})
     assert str(caught.value) == (
-        "CAPSAFE_SIM_DEVICES='0' is not valid; use a whole number of devices, 1 or more"
+        "CAPSAFE_SIM_DEVICES='0' is not valid; use a whole number of devices, 1 to 64"
     )
+    assert check_settings({"CAPSAFE_SIM_DEVICES": str(MAX_SIM_DEVICES)}).sim_devices == 64
     assert check_settings({}).sim_devices == 1
     assert check_settings({"CAPSAFE_SIM_DEVICES": ""}).sim_devices == 1
 

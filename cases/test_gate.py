@@ -13,7 +13,9 @@ from capsafe.errors import UsageError
 from capsafe.gate import CaptureGate, GateTimeout, gate
 
 pytestmark = pytest.mark.timeout(30)
-JOIN_S = 10.0
+#: The watchdog of every wait in these tests: far above any normal wait. tools/mutate.py
+#: lowers it (CAPSAFE_TEST_WATCHDOG_S) so a mutant that hangs is judged sooner.
+JOIN_S = float(os.environ.get("CAPSAFE_TEST_WATCHDOG_S", "10"))
 
 
 class Spawned(threading.Thread):

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import json
 import logging
 import os
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -399,9 +401,50 @@ def test_clear_removes_entries_and_counters(cache: KernelCache) -> None:
     compiler = FakeCompiler()
     for n in range(3):
         lookup(cache, compiler, n)
+    assert (cache.directory / "locks" / "stats.lock").is_file()
     assert cache.clear() == 3
     assert cache.usage() == (0, 0)
+    assert list((cache.directory / "locks").iterdir()) == []  # stats.lock and key locks
     assert cache.stats()["compiles"] == 0
+
+
+def test_a_compile_is_on_disk_at_once_and_hits_within_the_flush_period(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Other processes read stats.json: a compile flushes at once; hits are batched
+    (here the period is 0, so each hit flushes)."""
+    cache = KernelCache(tmp_path / "cache")
+    lookup(cache, FakeCompiler(), 0)
+    on_disk = json.loads((cache.directory / "stats.json").read_text())
+    assert on_disk["compiles"] == 1
+    key = key_of(1)  # compiled, not published: nothing else flushes it
+    cache.get_or_compile(key, "ptx", FakeCompiler().for_key(key), publish_if=lambda: False)
+    assert json.loads((cache.directory / "stats.json").read_text())["compiles"] == 2
+    monkeypatch.setattr(kernel_cache.store, "_STATS_FLUSH_SECONDS", 0.0)
+    assert lookup(cache, FakeCompiler(), 0).hit
+    assert json.loads((cache.directory / "stats.json").read_text())["hits"] == 1
+
+
+def test_counts_that_could_not_be_saved_are_kept_for_later(
+    cache: KernelCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    @contextlib.contextmanager
+    def busy(directory: object) -> Iterator[int]:
+        raise kernel_cache.lock.LockUnavailable("held")
+        yield 0
+
+    monkeypatch.setattr(kernel_cache.stats, "locked", busy)
+    lookup(cache, FakeCompiler(), 0)
+    lookup(cache, FakeCompiler(), 0)
+    assert {k: cache.stats()[k] for k in ("hits", "misses", "compiles")} == {
+        "hits": 1,
+        "misses": 1,
+        "compiles": 1,
+    }
+    monkeypatch.undo()
+    cache.stats()  # saved now
+    saved = json.loads((cache.directory / "stats.json").read_text())
+    assert (saved["hits"], saved["misses"], saved["compiles"]) == (1, 1, 1)
 
 
 def test_stats_add_up_across_instances_and_survive_a_corrupt_file(tmp_path: Path) -> None:
@@ -445,6 +488,47 @@ def test_threads_missing_the_same_key_compile_once(cache: KernelCache) -> None:
     assert len(results) == 8 and sum(r.hit for r in results) == 7
     stats = cache.stats()  # how many waited (vs. arrived after the publish) depends on timing
     assert (stats["compiles"], stats["hits"], stats["misses"] - stats["waits"]) == (1, 7, 1)
+
+
+def test_a_negative_budget_is_a_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="max_bytes must be >= 0"):
+        KernelCache(tmp_path / "cache", max_bytes=-1)
+    assert KernelCache(tmp_path / "cache", max_bytes=0).max_bytes == 0
+
+
+def test_an_entry_published_while_waiting_for_the_key_lock_is_a_waited_hit(
+    cache: KernelCache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a process sees when another one compiled the key while it waited."""
+    other = KernelCache(cache.directory)
+    real = cache._key_lock
+
+    @contextlib.contextmanager
+    def key_lock(key: str) -> Iterator[None]:
+        lookup(other, FakeCompiler(), 0)  # the other process publishes it meanwhile
+        with real(key):
+            yield
+
+    monkeypatch.setattr(cache, "_key_lock", key_lock)
+    compiler = FakeCompiler()
+    found = lookup(cache, compiler, 0)
+    assert (found.hit, found.waited, compiler.calls) == (True, True, 0)
+    stats = cache.stats()
+    assert (stats["hits"], stats["waits"], stats["misses"]) == (1, 1, 2)
+
+
+def test_a_cache_directory_that_is_not_a_directory_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a swap between creating and checking it gets here (makedirs refuses a
+    file): the check must still refuse it."""
+    path = tmp_path / "cache"
+    path.write_text("a file")
+    warnings: list[str] = []
+    monkeypatch.setattr(os, "makedirs", lambda *args, **kwargs: None)
+    cache = KernelCache(path, warn=warnings.append)
+    assert not cache.usable()
+    assert warnings == [f"{path} is not a directory"]
 
 
 def test_unknown_kind_is_a_usage_error(cache: KernelCache) -> None:

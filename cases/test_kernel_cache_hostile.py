@@ -9,6 +9,7 @@ whole lock timeout, and PCH options were cached.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -397,3 +398,168 @@ def test_the_package_keeps_the_module_interface() -> None:
     """`from capsafe import kernel_cache` callers keep working after the split."""
     for name in ("KernelCache", "cache_key", "default_cache", "settings_from_env", "KINDS"):
         assert hasattr(kernel_cache, name), name
+
+
+# -- issue 22, item 7 ----------------------------------------------------------------------
+def test_a_relative_directory_does_not_follow_a_later_chdir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, warner: OnceWarner
+) -> None:
+    """The directory checked is the one used: a chdir after the check must not make the
+    cache serve an entry planted in another (here world-writable) directory."""
+    mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+    mine.mkdir()
+    planted = KernelCache(theirs / "cache")
+    key = key_of(0)
+    planted.get_or_compile(key, "ptx", lambda: (b"planted payload", {}))
+    os.chmod(theirs / "cache", 0o777)
+    monkeypatch.chdir(mine)
+    cache = KernelCache("cache", warn=warner)
+    assert cache.usable()  # checks mine/cache
+    monkeypatch.chdir(theirs)
+    compiler = Compiler()
+    made = cache.get_or_compile(key, "ptx", compiler(key))
+    assert made.payload == payload_for(key) and not made.hit  # the old code served the plant
+    assert cache.directory == mine / "cache"
+    assert cache.entry_path(key).is_file()
+
+
+def _non_regular(kind: str, path: Path, elsewhere: Path) -> None:
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        (path / "inside").mkdir(parents=True)
+        (path / "inside" / "file").write_text("x")
+    else:
+        path.symlink_to(elsewhere)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["fifo", "directory", "symlink"])
+def test_a_non_regular_stats_lock_is_replaced_and_the_budget_still_holds(
+    tmp_path: Path, kind: str, warner: OnceWarner
+) -> None:
+    """A FIFO, directory or symlink at locks/stats.lock refused the statistics lock for
+    good, so eviction never ran again (70 KiB held under a 16 KiB budget)."""
+    budget = 16 * 1024
+    cache = KernelCache(tmp_path / "cache", max_bytes=budget, warn=warner)
+    payload = b"p" * 4000
+    cache.get_or_compile(key_of(0), "ptx", lambda: (payload, {}))
+    lock_path = cache.directory / "locks" / "stats.lock"
+    lock_path.unlink()
+    target = tmp_path / "target"
+    target.write_text("not a lock")
+    _non_regular(kind, lock_path, target)
+    for n in range(1, 19):  # about 72 KiB written
+        cache.get_or_compile(key_of(n), "ptx", lambda: (payload, {}))
+        assert cache.usage()[1] <= budget
+    assert lock_path.is_file() and not lock_path.is_symlink()  # replaced by a lock file
+    assert target.read_text() == "not a lock"  # a symlink's target is never touched
+    assert json.loads((cache.directory / "stats.json").read_text())["bytes"] <= budget
+    assert not warner.warned  # repaired quietly: nothing failed
+
+
+def test_a_stats_lock_that_cannot_be_replaced_is_reported_and_eviction_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    warnings: list[str] = []
+    budget = 16 * 1024
+    cache = KernelCache(tmp_path / "cache", max_bytes=budget, warn=warnings.append)
+    payload = b"p" * 4000
+    cache.get_or_compile(key_of(0), "ptx", lambda: (payload, {}))
+    lock_path = cache.directory / "locks" / "stats.lock"
+    lock_path.unlink()
+    os.mkfifo(lock_path)
+    monkeypatch.setattr(kernel_cache.lock, "_remove_non_regular", lambda parent, name: None)
+    for n in range(1, 19):
+        cache.get_or_compile(key_of(n), "ptx", lambda: (payload, {}))
+        assert cache.usage()[1] <= budget
+    assert any("a FIFO" in w and "pruning unlocked" in w for w in warnings), warnings
+
+
+def test_a_failed_rename_is_reported_and_not_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    warnings: list[str] = []
+    cache = KernelCache(tmp_path / "cache", warn=warnings.append)
+    lookup(cache, Compiler(), 0)  # the tracker is known from here on
+    before = json.loads((cache.directory / "stats.json").read_text())["bytes"]
+    real_replace = os.replace
+
+    def replace(src, dst, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if dst == key_of(1):
+            raise OSError(errno.EIO, "injected")
+        return real_replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", replace)
+    made = lookup(cache, Compiler(), 1)
+    assert made.payload == payload_for(key_of(1)) and not made.hit
+    assert any("cannot write" in w for w in warnings), warnings
+    monkeypatch.undo()
+    assert json.loads((cache.directory / "stats.json").read_text())["bytes"] == before
+    assert cache.usage() == (1, before)  # no entry, no temp file left
+
+
+def test_an_unbounded_cache_never_scans_on_a_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = KernelCache(tmp_path / "cache", max_bytes=0)
+    lookup(cache, Compiler(), 0)
+    scanned: list[object] = []
+    monkeypatch.setattr(cache, "prune", lambda *a, **k: scanned.append(a) or (0, 0))
+    for n in range(1, 5):
+        lookup(cache, Compiler(), n)
+    assert scanned == []
+
+
+def test_prune_of_an_empty_cache_and_of_a_locked_one_removes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    warnings: list[str] = []
+    cache = KernelCache(tmp_path / "cache", warn=warnings.append)
+    assert cache.usable()  # the directory exists, entries/ does not yet
+    assert cache.prune(max_bytes=1) == (0, 0)
+    assert warnings == []
+    lookup(cache, Compiler(), 0)
+
+    @contextlib.contextmanager
+    def busy(directory: object) -> Iterator[int]:
+        raise kernel_cache.lock.LockUnavailable("held by pid 1")
+        yield 0
+
+    monkeypatch.setattr(kernel_cache.stats, "locked", busy)
+    assert cache.prune(max_bytes=1) == (0, 0)
+    assert cache.usage()[0] == 1 and any("held by pid 1" in w for w in warnings)
+
+
+def test_prune_without_the_lock_that_cannot_scan_removes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    warnings: list[str] = []
+    cache = KernelCache(tmp_path / "cache", warn=warnings.append)
+    lookup(cache, Compiler(), 0)
+
+    @contextlib.contextmanager
+    def broken(directory: object) -> Iterator[int]:
+        raise OSError(errno.EIO, "injected")
+        yield 0
+
+    def cannot_scan(*args: object) -> tuple[int, int, int]:
+        raise OSError(errno.EIO, "injected")
+
+    monkeypatch.setattr(kernel_cache.stats, "locked", broken)
+    monkeypatch.setattr(cache, "_evict", cannot_scan)
+    assert cache.prune(max_bytes=1) == (0, 0)
+    assert any("pruning unlocked" in w for w in warnings)
+
+
+def test_a_fresh_temp_file_counts_toward_the_budget(tmp_path: Path) -> None:
+    """Another writer's temp file takes space now: prune counts it (and leaves it)."""
+    cache = KernelCache(tmp_path / "cache")
+    for n in range(3):
+        lookup(cache, Compiler(), n)
+    entries = cache.usage()[1]
+    temp = cache.entry_path(key_of(0)).parent / ".tmp-1-0123456789abcdef"
+    temp.write_bytes(b"t" * entries)
+    removed, _freed = cache.prune(max_bytes=entries)
+    assert removed >= 1 and temp.exists()
+    assert cache.usage()[1] <= entries

@@ -41,6 +41,21 @@ def test_an_unknown_backend_is_the_same_line_and_exit_2_everywhere(command: list
     assert result.stdout == ""
 
 
+def test_too_many_simulated_devices_is_one_line_and_exit_2_before_any_work() -> None:
+    """10^6 simulated devices took 7-10 s and 320 MB before the first call; now refused."""
+    result = _run(
+        [sys.executable, "-m", "capsafe_repro.hazard_matrix"],
+        CAPSAFE_BACKEND="sim",
+        CAPSAFE_SIM_DEVICES="1000000",
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (
+        "capsafe: CAPSAFE_SIM_DEVICES='1000000' is not valid; "
+        "use a whole number of devices, 1 to 64"
+    )
+    assert result.stdout == ""
+
+
 @pytest.mark.skipif(backend_cuda.unavailable_reason() is None, reason="a GPU answers here")
 def test_hazard_matrix_honours_capsafe_backend_cuda_without_a_gpu() -> None:
     result = _run([sys.executable, "-m", "capsafe_repro.hazard_matrix"], CAPSAFE_BACKEND="cuda")

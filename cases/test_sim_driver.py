@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from capsafe.backend import Dim3
+from capsafe.config import MAX_SIM_DEVICES
 from capsafe.errors import CudaError, UsageError
 from capsafe.handles import Device, Event, Function, Handle, Module, Stream
 from capsafe.sim import (
@@ -100,10 +101,15 @@ def test_several_devices_each_have_their_own_context_and_memory() -> None:
     assert b.device_get_name(devices[2]) == DEVICE_NAME
 
 
-@pytest.mark.parametrize("devices", [0, -1, 1.5])
-def test_a_machine_without_devices_is_a_usage_error(devices: Any) -> None:
-    with pytest.raises(UsageError, match="at least one device"):
+@pytest.mark.parametrize("devices", [0, -1, 1.5, MAX_SIM_DEVICES + 1, 10**6])
+def test_a_machine_without_devices_or_with_too_many_is_a_usage_error(devices: Any) -> None:
+    """Above MAX_SIM_DEVICES the constructor refuses before building any device
+    (10^6 devices took 7-10 s and 320 MB before the first call)."""
+    with pytest.raises(UsageError, match=f"1 to {MAX_SIM_DEVICES} devices"):
         SimBackend(devices=devices)
+    most = SimBackend(devices=MAX_SIM_DEVICES)
+    most.init()
+    assert most.device_get_count() == MAX_SIM_DEVICES
 
 
 def test_context_is_per_thread(sim_backend: SimBackend) -> None:

@@ -32,11 +32,17 @@ from capsafe.kernel_cache.dirs import O_CLOEXEC, O_NONBLOCK, read_all
 
 MAX_DEPTH = 200
 _SCAN = re.compile(rb"\n|/\*|//|\"|'|#|%:|\?\?=")
-_SPACE = rb"(?:[ \t\f\v\r]|/\*.*?\*/)*"
+# A block comment without its `*/` runs to the end of the text (as the preprocessor reads
+# it): matching it there, not failing, keeps lexing linear when each of many directive
+# lines opens one (failing, every line rescanned the rest of the file: quadratic).
+_COMMENT = rb"/\*.*?(?:\*/|\Z)"
+_SPACE = rb"(?:[ \t\f\v\r]|" + _COMMENT + rb")*"
 _NAME = re.compile(_SPACE + rb"([A-Za-z_][A-Za-z0-9_]*)?", re.S)
 _HEADER_NAME = re.compile(_SPACE + rb'(?:"([^"\n]*)"|<([^>\n]*)>)', re.S)
 _REST = re.compile(
-    rb'(?:"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|/\*.*?\*/|//[^\n]*|[^\n/"\']+|/|["\'])*',
+    rb'(?:"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|'
+    + _COMMENT
+    + rb'|//[^\n]*|[^\n/"\']+|/|["\'])*',
     re.S,
 )
 _STRING = re.compile(rb'"(?:\\.|[^"\\\n])*"?')

@@ -1,7 +1,8 @@
 """Cross-process lock files with a bounded wait that names the holder.
 
 flock on a file under locks/, opened through the directory's descriptor without
-following symlinks. The holder writes its pid into the file, so a waiter that gives
+following symlinks; anything but a regular file at a lock's name is replaced by one.
+The holder writes its pid into the file, so a waiter that gives
 up can say who held it, and a waiter whose holder is stopped (SIGSTOP, a debugger,
 Ctrl-Z) gives up after STOPPED_GRACE seconds instead of waiting out the whole
 timeout. A lock dies with its holder (the kernel releases flock on exit).
@@ -10,13 +11,15 @@ timeout. A lock dies with its holder (the kernel releases flock on exit).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import shutil
 import stat
 import threading
 import time
 from collections.abc import Iterator
 
-from capsafe.kernel_cache.dirs import O_CLOEXEC, O_NOFOLLOW, NotRegularFile, describe
+from capsafe.kernel_cache.dirs import O_CLOEXEC, O_NOFOLLOW, O_NONBLOCK, NotRegularFile, describe
 
 try:
     import fcntl
@@ -39,13 +42,22 @@ def held(parent: int, name: str, timeout: float) -> Iterator[None]:
     """Hold lock file `name` under directory descriptor `parent` for the block."""
     if fcntl is None:
         raise LockUnavailable("file locks are not available on this platform")
-    flags = os.O_RDWR | os.O_CREAT | O_NOFOLLOW | O_CLOEXEC
-    fd = os.open(name, flags, 0o600, dir_fd=parent)
+    deadline = time.monotonic() + timeout
+    while True:
+        fd = _open(parent, name)
+        try:
+            _acquire(fd, name, max(deadline - time.monotonic(), 0.0))
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            raise
+        if _still_named(parent, name, fd):
+            break
+        # Replaced while we waited (a repair below, or `capsafe cache clear`): the lock
+        # is whatever file carries the name now, so take that one.
+        with contextlib.suppress(OSError):
+            os.close(fd)  # closing drops our flock on the orphan
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise NotRegularFile(0, describe(mode), name)
-        _acquire(fd, name, timeout)
         with contextlib.suppress(OSError):  # the pid only improves messages
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -63,6 +75,60 @@ def held(parent: int, name: str, timeout: float) -> Iterator[None]:
     finally:
         with contextlib.suppress(OSError):
             os.close(fd)
+
+
+def _open(parent: int, name: str) -> int:
+    """The lock file, a regular file. A symlink, FIFO, socket or directory at its name
+    is removed and a fresh file made in its place: left there, it would refuse the lock
+    (and with the statistics lock, eviction) for good. locks/ is a private directory,
+    so whatever stood there was this user's. NotRegularFile if it comes back at once.
+    """
+    for attempt in range(2):
+        try:
+            fd = os.open(name, _OPEN_FLAGS, 0o600, dir_fd=parent)
+        except OSError as exc:
+            if attempt or exc.errno not in _NOT_A_FILE:
+                raise
+        else:
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISREG(mode):
+                return fd
+            os.close(fd)
+            if attempt:
+                raise NotRegularFile(errno.EINVAL, describe(mode), name)
+        _remove_non_regular(parent, name)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+_OPEN_FLAGS = os.O_RDWR | os.O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC
+# open() of a symlink with O_NOFOLLOW, a directory for writing, a socket
+_NOT_A_FILE = frozenset({errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.EOPNOTSUPP})
+
+
+def _remove_non_regular(parent: int, name: str) -> None:
+    """Remove `name` unless it is (by now) a regular file: another process's repair
+    may just have made one, and that file may be locked."""
+    try:
+        st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if stat.S_ISREG(st.st_mode):
+        return
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISDIR(st.st_mode):
+            shutil.rmtree(name, dir_fd=parent)  # never follows a symlink inside it
+        else:
+            os.unlink(name, dir_fd=parent)  # the link itself, never its target
+
+
+def _still_named(parent: int, name: str, fd: int) -> bool:
+    """True when `name` is still the file we hold open (and so the file others lock)."""
+    try:
+        now = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except OSError:
+        return False
+    mine = os.fstat(fd)
+    return (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino)
 
 
 def _acquire(fd: int, name: str, timeout: float) -> None:

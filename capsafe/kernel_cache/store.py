@@ -63,7 +63,8 @@ class KernelCache:
     """A directory of compiled kernels keyed by `cache_key` digests.
 
     Layout: entries/ab/cd/<digest>, locks/<digest>.lock, stats.json.
-    `max_bytes` 0 means unbounded; `enabled` False compiles every time.
+    `max_bytes` 0 means unbounded; `enabled` False compiles every time. A relative
+    `directory` is made absolute when the instance is made.
     """
 
     def __init__(
@@ -77,7 +78,10 @@ class KernelCache:
     ) -> None:
         if max_bytes < 0:
             raise UsageError(f"max_bytes must be >= 0 (0 = unbounded), not {max_bytes}")
-        self.directory = Path(directory)
+        # Resolved once, here, and checked as such by usable(): a relative path must not
+        # follow a later chdir into a directory nobody checked (the process-wide cache is
+        # built at its first use, from CAPSAFE_KERNEL_CACHE_DIR).
+        self.directory = Path(os.path.abspath(directory))
         self.max_bytes = max_bytes
         self.enabled = enabled
         self.lock_timeout = lock_timeout
@@ -291,9 +295,18 @@ class KernelCache:
             with stats.locked(self.directory) as root:  # no tracker update races the scan
                 removed, freed, left = self._evict(budget, keep)
                 stats.merge(root, {}, set_bytes=left)
-        except (OSError, lock.LockUnavailable) as exc:
+        except lock.LockUnavailable as exc:  # another process holds it: it prunes or counts
             self._warn(f"cannot prune {self.directory}: {exc}")
             return 0, 0
+        except OSError as exc:
+            # No statistics lock to be had (even after lock.held replaced a FIFO, symlink or
+            # directory at its name): say so, and keep the budget anyway, unlocked. The
+            # tracker stays unknown, so every write scans until the lock works again.
+            self._warn(f"cannot lock {self.directory}'s statistics ({exc}); pruning unlocked")
+            try:
+                removed, freed, _left = self._evict(budget, keep)
+            except OSError:
+                return 0, 0
         return removed, freed
 
     def _evict(self, budget: int, keep: str | None) -> tuple[int, int, int]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from capsafe.backend import Backend, Dim3, KernelArg, check_kernel_args
+from capsafe.config import MAX_SIM_DEVICES
 from capsafe.errors import CudaError, UsageError, cuda_error
 from capsafe.handles import (
     CaptureMode,
@@ -105,8 +106,10 @@ class SimBackend(Backend):
     name = "sim"
 
     def __init__(self, devices: int = 1) -> None:
-        if not isinstance(devices, int) or devices < 1:
-            raise UsageError(f"the simulated machine needs at least one device, not {devices!r}")
+        if not isinstance(devices, int) or not 1 <= devices <= MAX_SIM_DEVICES:
+            raise UsageError(
+                f"the simulated machine has 1 to {MAX_SIM_DEVICES} devices, not {devices!r}"
+            )
         self._lock = threading.RLock()
         self._tls = threading.local()
         self._initialized = False
