@@ -38,6 +38,18 @@ def until(condition: Callable[[], bool], what: str, timeout: float = JOIN_S) -> 
         time.sleep(0.001)
 
 
+def one_section(g: CaptureGate, entered: threading.Event | None = None) -> Callable[[], None]:
+    """A thread body: one shared section, marking `entered` once inside."""
+
+    def body() -> None:
+        g.enter("mem_alloc")
+        if entered is not None:
+            entered.set()
+        g.exit()
+
+    return body
+
+
 def record_of(g: CaptureGate, name: str) -> gate_module._Record:
     found = [r for r in g._records if r.thread_name == name]
     assert len(found) == 1, [r.thread_name for r in g._records]
@@ -191,7 +203,7 @@ def test_measured_policy_admits_no_section_while_another_capture_waits() -> None
     waiting = spawn(lambda: g.begin_capture(harmful=None, timeout=JOIN_S).release(), "second")
     until(lambda: waiting_captures(g) == 1, "the second capture waiting")
     entered = threading.Event()
-    section = spawn(lambda: (g.enter("mem_alloc"), entered.set(), g.exit()), name="allocator")
+    section = spawn(one_section(g, entered), name="allocator")
     until(
         lambda: entered.is_set() or g.stats().contended_waits == 1,
         "the section entering or waiting",
@@ -281,8 +293,11 @@ def test_releasing_a_nested_capture_narrows_the_set_back_to_the_outer_one() -> N
     outer = g.begin_capture(harmful=frozenset({"ctx_synchronize"}), timeout=JOIN_S)
     g.begin_capture(harmful=None, timeout=JOIN_S).release()
     entered = threading.Event()
-    section = spawn(lambda: (g.enter("mem_alloc"), entered.set(), g.exit()), name="allocator")
-    until(lambda: entered.is_set() or g.stats().contended_waits, "the section entering or waiting")
+    section = spawn(one_section(g, entered), name="allocator")
+    until(
+        lambda: entered.is_set() or g.stats().contended_waits > 0,
+        "the section entering or waiting",
+    )
     assert entered.is_set(), "kept out by a nested capture that had ended"
     join(section)
     assert g.stats().admitted_measured == 1
@@ -320,7 +335,7 @@ def test_sections_of_threads_that_ended_still_count_once_pruned() -> None:
     """Records of ended threads are pruned (past eight); their entries stay counted."""
     g = CaptureGate()
     for n in range(12):
-        join(spawn(lambda: (g.enter("mem_alloc"), g.exit()), name=f"short-lived-{n}"))
+        join(spawn(one_section(g), name=f"short-lived-{n}"))
     with g:
         pass
     stats = g.stats()
@@ -333,7 +348,7 @@ def test_the_longest_wait_is_kept() -> None:
     began = time.monotonic()
     g = CaptureGate()
     guard = g.begin_capture(timeout=JOIN_S)
-    waiter = spawn(lambda: (g.enter("mem_alloc"), g.exit()), name="waiter")
+    waiter = spawn(one_section(g), name="waiter")
     until(lambda: g.stats().contended_waits == 1, "the section waiting")
     time.sleep(0.05)  # a wait of at least this long: what max_wait_s reports
     guard.release()
@@ -341,7 +356,7 @@ def test_the_longest_wait_is_kept() -> None:
     longest = g.stats().max_wait_s
     assert 0.05 <= longest <= time.monotonic() - began
     assert g.stats().shared_entered == 1  # the section that waited counts once
-    join(spawn(lambda: (g.enter("mem_alloc"), g.exit())))  # no wait: keeps the longest
+    join(spawn(one_section(g)))  # no wait: keeps the longest
     assert g.stats().max_wait_s == longest
 
 
@@ -498,7 +513,7 @@ def test_a_release_deferred_in_a_capture_wait_waits_for_that_capture_to_end() ->
         g._lock,
         "waiter",
         lambda: g._owner is None,
-        lambda: g.defer_if_capturing(released.append, "freed") and None,
+        lambda: None if g.defer_if_capturing(released.append, "freed") else None,
     )
     guard = g.begin_capture(timeout=JOIN_S)
     seen: list[list[str]] = []
@@ -526,7 +541,7 @@ def test_a_granted_section_is_named_as_such_until_it_enters() -> None:
         lambda: roles.append([(h.thread_name, h.role) for h in g.holders()]),
     )
     guard = g.begin_capture(timeout=JOIN_S)
-    section = spawn(lambda: (g.enter("mem_alloc"), g.exit()), name="section")
+    section = spawn(one_section(g), name="section")
     until(lambda: g.stats().contended_waits == 1, "the section waiting")
     time.sleep(0.01)  # longer than fairness_s: the capture's end grants it entry
     guard.release()

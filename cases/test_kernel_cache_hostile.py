@@ -505,7 +505,12 @@ def test_an_unbounded_cache_never_scans_on_a_write(
     cache = KernelCache(tmp_path / "cache", max_bytes=0)
     lookup(cache, Compiler(), 0)
     scanned: list[object] = []
-    monkeypatch.setattr(cache, "prune", lambda *a, **k: scanned.append(a) or (0, 0))
+
+    def prune(*a: object, **k: object) -> tuple[int, int]:
+        scanned.append(a)
+        return (0, 0)
+
+    monkeypatch.setattr(cache, "prune", prune)
     for n in range(1, 5):
         lookup(cache, Compiler(), n)
     assert scanned == []
