@@ -6,6 +6,7 @@ SIGALRM handler that raises (pytest-timeout's signal method) or a real SIGINT.
 Afterwards nothing may be left but the main thread's own sections that a signal cut off
 at `with`'s call of __exit__ (closed here, as the user's cleanup would): a capture on
 another thread begins at once and no holder is named.
+It runs SECONDS and until MIN_INTERRUPTS signals have landed, however slow the machine.
 Prints `OK <interrupts> <sections> <captures>`, else exits 1 saying what was left.
 """
 
@@ -19,6 +20,7 @@ import time
 from capsafe.gate import CaptureGate, GateTimeout
 
 MODE, SECONDS = sys.argv[1], float(sys.argv[2])
+MIN_INTERRUPTS = 100
 g = CaptureGate(fairness_s=0.001, shared_timeout=10)
 stop = threading.Event()
 
@@ -63,12 +65,12 @@ else:  # real SIGINT from another thread: KeyboardInterrupt in the main thread
     threading.Thread(target=interrupter, daemon=True).start()
 interrupts = entered = 0
 deadline = time.monotonic() + SECONDS
-while time.monotonic() < deadline:
+while time.monotonic() < deadline or interrupts < MIN_INTERRUPTS:
     try:
         go.set()
         if MODE == "alarm":  # armed inside the try: it may fire at once
             signal.setitimer(signal.ITIMER_REAL, random.uniform(0.0001, 0.003))
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline or interrupts < MIN_INTERRUPTS:
             with g.shared("mem_alloc"):
                 entered += 1
     except (Fired, KeyboardInterrupt):

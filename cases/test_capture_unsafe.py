@@ -28,14 +28,14 @@ def sweep(out: Path, *options: str, suite: Path = SUITE):
     done = subprocess.run(
         [sys.executable, "-m", "capsafe.cli", "sweep", "--no-progress", str(suite),
          "--out", str(out), "--timeout", "10", "--seed", "3", "--workers", "2", *options, *LEAN],
-        capture_output=True, text=True, timeout=150,
+        capture_output=True, text=True, timeout=570,
     )  # fmt: skip
     summary = json.loads((out / "summary.json").read_text())
     return done, summary, {t["nodeid"]: t for t in summary["tests"]}
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)
 def test_unprotected_capture_is_capture_unsafe_with_its_breaking_calls(tmp_path):
     out = tmp_path / "report"
     done, summary, tests = sweep(out, "--runs", "2", "--isolation-runs", "2", "--neighbors", "2")
@@ -58,7 +58,7 @@ def test_unprotected_capture_is_capture_unsafe_with_its_breaking_calls(tmp_path)
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(600)
 def test_without_neighbours_nothing_is_capture_unsafe(tmp_path):
     done, summary, tests = sweep(tmp_path / "report", "--runs", "1")
     assert done.returncode == 0, done.stderr
@@ -67,7 +67,7 @@ def test_without_neighbours_nothing_is_capture_unsafe(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(600)
 def test_neighbours_that_cannot_start_stop_the_sweep(tmp_path):
     suite = tmp_path / "suite"
     shutil.copytree(SUITE, suite)

@@ -97,7 +97,7 @@ def test_the_docs_have_runnable_blocks() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("block", BLOCKS, ids=[block.id for block in BLOCKS])
 def test_block_runs_as_written(block: Block, checkout: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CAPSAFE_", "PYTEST_"))}
@@ -109,7 +109,7 @@ def test_block_runs_as_written(block: Block, checkout: Path) -> None:
     else:
         pytest.fail(f"{block.id}: runnable block in unknown language {block.language!r}")
     done = subprocess.run(
-        command, cwd=checkout, env=env, capture_output=True, text=True, timeout=280
+        command, cwd=checkout, env=env, capture_output=True, text=True, timeout=570
     )
     output = done.stdout + done.stderr
     assert done.returncode == block.exit_code, f"{block.id} exited {done.returncode}:\n{output}"

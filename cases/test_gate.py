@@ -44,6 +44,13 @@ def blocked(thread: threading.Thread, for_s: float = 0.1) -> bool:
     return thread.is_alive()
 
 
+def wait_for(condition: Callable[[], object]) -> None:
+    """Poll until `condition()` holds: a state reached, not a sleep that hopes for it (a
+    loaded machine starts threads late). One never reached hangs into the watchdog."""
+    while not condition():
+        time.sleep(0.001)
+
+
 def hold_section(g: CaptureGate, entered: threading.Event, leave: threading.Event) -> None:
     with g:
         entered.set()
@@ -75,6 +82,7 @@ def test_capture_waits_for_a_shared_section_already_running() -> None:
     assert entered.wait(JOIN_S)
     got = threading.Event()
     capturer = spawn(lambda: (g.begin_capture(timeout=JOIN_S).release(), got.set()))
+    wait_for(lambda: g._closed)  # the capture is now waiting (not merely slow to start)
     assert blocked(capturer)
     assert not got.is_set()
     leave.set()
@@ -242,8 +250,7 @@ def test_tight_capture_loop_does_not_starve_a_waiting_section() -> None:
 
     capturer = spawn(capture_loop)
     entered = 0
-    deadline = time.monotonic() + 0.3
-    while time.monotonic() < deadline:
+    for _ in range(50):  # a starved section never gets in: the watchdog fails the test
         with g:
             entered += 1
     stop.set()

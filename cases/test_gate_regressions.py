@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 
 import pytest
-from test_gate import blocked, join, spawn
+from test_gate import blocked, join, spawn, wait_for
 
 from capsafe.errors import UsageError
 from capsafe.gate import CaptureGate, GateTimeout
@@ -62,7 +62,8 @@ def test_1_an_exception_after_the_fairness_grant_returns_the_grant() -> None:
     g._may_enter = InterruptingCondition(g._lock, "victim", armed)
     guard = g.begin_capture(timeout=5)
     waiter = spawn(lambda: g.enter("mem_alloc"), name="victim")
-    time.sleep(0.05)  # it waits, longer than fairness_s: the release grants it entry
+    wait_for(lambda: g.stats().contended_waits == 1)  # it waits (not merely slow to start),
+    time.sleep(0.05)  # longer than fairness_s: the release grants it entry
     armed.set()
     guard.release()
     waiter.join(5)
@@ -137,10 +138,8 @@ def test_3_a_nested_capture_does_not_wait_for_a_parked_nested_section() -> None:
 
     thread = spawn(admitted_then_nested)
     assert admitted_in.wait(5)
-    time.sleep(0.05)  # let it park
-    start = time.monotonic()
-    inner = g.begin_capture(harmful=None, timeout=3)  # the cycle used to time out here
-    assert time.monotonic() - start < 1.0
+    wait_for(lambda: g.stats().contended_waits == 1)  # it parked
+    inner = g.begin_capture(harmful=None, timeout=30)  # the cycle used to time out here
     assert not nested_done.is_set()
     inner.release()
     assert blocked(thread)  # the outer window is still open
@@ -161,8 +160,8 @@ def test_3_an_admitted_thread_beginning_its_own_capture_does_not_deadlock_the_ow
 
     thread = spawn(admitted_then_capture)
     assert admitted_in.wait(5)
-    time.sleep(0.05)
-    g.begin_capture(harmful=None, timeout=3).release()  # used to deadlock, then time out
+    wait_for(lambda: g.stats().capture_waits == 1)  # its capture waits for the owner
+    g.begin_capture(harmful=None, timeout=30).release()  # used to deadlock, then time out
     guard.release()
     join(thread)
 
@@ -236,10 +235,8 @@ def test_6_a_cross_thread_exit_is_a_usage_error_and_leaks_nothing() -> None:
 def test_6_a_shared_section_times_out_naming_an_owner_that_exited() -> None:
     g = CaptureGate(shared_timeout=0.3)
     join(spawn(lambda: g.begin_capture(label="abandoned"), name="capture-thread"))
-    start = time.monotonic()
-    with pytest.raises(GateTimeout) as info:
+    with pytest.raises(GateTimeout) as info:  # a hang instead: the watchdog fails it
         g.enter("mem_alloc")
-    assert time.monotonic() - start < 3
     text = str(info.value)
     assert "capture-thread" in text and "the owner thread has exited" in text
     assert "mem_alloc" in text and "abandoned" in text

@@ -70,14 +70,13 @@ def test_rows_written_before_the_gpu_field_still_load():
     assert from_json(to_json({**loaded, "gpu": "2"}))["gpu"] == "2"
 
 
-@pytest.mark.timeout(90)
 def test_plain_pytest_pins_each_xdist_worker_before_conftest_import(suite, tmp_path):
     def run(out: Path) -> dict[str, str]:
         out.mkdir()
         done = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "capsafe", "-n", "3",
              "--capsafe-gpus=0,1,2", "--capsafe-seed=7", f"--capsafe-records={out}", *FAST],
-            cwd=suite, capture_output=True, text=True, timeout=80,
+            cwd=suite, capture_output=True, text=True, timeout=140,
             env={**_env(), "SEEN_DIR": str(out)},
         )  # fmt: skip
         assert done.returncode in (0, 1), done.stdout + done.stderr  # 1: on GPU 1 it breaks
@@ -93,14 +92,15 @@ def test_plain_pytest_pins_each_xdist_worker_before_conftest_import(suite, tmp_p
     assert run(tmp_path / "b") == first  # the same seed: every test on the same device
 
 
-@pytest.mark.timeout(110)
+@pytest.mark.slow  # a sweep with reruns on three pinned devices
+@pytest.mark.timeout(600)
 def test_sweep_pins_every_process_and_reports_the_gpu_finding(suite, tmp_path):
     out = tmp_path / "report"
     done = subprocess.run(
         [sys.executable, "-m", "capsafe.cli", "sweep", "--no-progress", str(suite),
          "--out", str(out), "--runs", "2", "--workers", "2", "--isolation-runs", "3",
          "--seed", "11", "--timeout", "20", "--gpus", "0,1,2", "--", *FAST],
-        capture_output=True, text=True, timeout=100, env=_env(),
+        capture_output=True, text=True, timeout=570, env=_env(),
     )  # fmt: skip
     assert done.returncode == 1, done.stderr
     rows = read_records(out / "records.jsonl")
@@ -181,7 +181,7 @@ def test_fails_so_it_is_rerun_alone():
 
 
 @pytest.mark.cuda
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(600)
 def test_on_the_gpu_every_process_sees_the_one_device_of_its_row(tmp_path):
     """benchmarks/run_gpu.sh's `sweep_gpus` step: --gpus all on the real machine."""
     from capsafe.backend_cuda import unavailable_reason
@@ -198,7 +198,7 @@ def test_on_the_gpu_every_process_sees_the_one_device_of_its_row(tmp_path):
         [sys.executable, "-m", "capsafe.cli", "sweep", "--no-progress", str(suite),
          "--out", str(out), "--runs", "2", "--workers", "2", "--isolation-runs", "2",
          "--seed", "5", "--timeout", "60", "--gpus", "all", "--", *FAST],
-        capture_output=True, text=True, timeout=190,
+        capture_output=True, text=True, timeout=570,
     )  # fmt: skip
     assert done.returncode == 1, done.stderr
     counted: dict[int, set[tuple[str, int]]] = {}

@@ -208,17 +208,17 @@ def test_a_second_sweep_without_protection_gives_no_verdict(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(600)
 def test_sweeps_of_the_cuda_core_suite_without_and_with_protection(tmp_path):
     sweep = [sys.executable, "-m", "capsafe.cli", "sweep", str(SUITES / "cuda_core_capture"),
              "--runs", "1", "--workers", "0", "--seed", "3", "--isolation-runs", "1",
              "--neighbors", "2", "--timeout", "20", "--no-progress"]  # fmt: skip
     lean = ["-p", "no:run-parallel", "-p", "no:hypothesispytest"]
-    bare = subprocess.run([*sweep, "--out", str(tmp_path / "bare"), "--", *lean], timeout=190)
+    bare = subprocess.run([*sweep, "--out", str(tmp_path / "bare"), "--", *lean], timeout=280)
     assert bare.returncode == 1  # the raw capture is capture-unsafe beside the neighbours
     protected = subprocess.run(
         [*sweep, "--out", str(tmp_path / "on"), "--", *lean, "--capsafe-protect=cuda_core"],
-        timeout=190,
+        timeout=280,
     )
     assert protected.returncode == 0
     out = subprocess.run(

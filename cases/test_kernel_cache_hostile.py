@@ -353,10 +353,9 @@ def test_a_stopped_lock_holder_is_named_and_not_waited_for(
         assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
         os.kill(holder.pid, signal.SIGSTOP)
         cache = KernelCache(directory)  # the default lock timeout: 600 s
-        start = time.monotonic()
         with caplog.at_level(logging.DEBUG, logger="capsafe.kernel_cache"):
+            # The old code waited the whole 600 s: the watchdog (60 s) fails it.
             made = cache.get_or_compile(key, "ptx", Compiler()(key))
-        assert time.monotonic() - start < 10  # the old code waited the whole 600 s
         assert made.payload == payload_for(key)
         assert any(f"pid {holder.pid}" in r.getMessage() for r in caplog.records)
     finally:

@@ -61,7 +61,7 @@ def sweep(tmp_path: Path, *options: str, bypass: bool = True, shadow_cuda: bool 
         [sys.executable, "-m", "capsafe.cli", "sweep", str(root),
          "--out", str(out), "--runs", "2", "--workers", "2", "--seed", "3", "--isolation-runs",
          "2", "--neighbors", "2", "--timeout", "20", "--no-progress", *options, *LEAN],
-        capture_output=True, text=True, timeout=170,
+        capture_output=True, text=True, timeout=570,
     )  # fmt: skip
     summary = json.loads((out / "summary.json").read_text())
     protected = sorted(p.name for p in (out / "raw").glob("protect-*") if p.is_dir())
@@ -69,7 +69,7 @@ def sweep(tmp_path: Path, *options: str, bypass: bool = True, shadow_cuda: bool 
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(600)
 def test_the_report_says_which_capture_unsafe_tests_survive_protection(tmp_path, capsys):
     done, out, tests, protected = sweep(tmp_path, "--protect", "cupy")
     assert done.returncode == 1, done.stderr
@@ -102,7 +102,7 @@ def test_the_report_says_which_capture_unsafe_tests_survive_protection(tmp_path,
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(600)
 @pytest.mark.skipif(installed("cupy"), reason="CuPy is installed: auto would find it")
 def test_auto_with_no_framework_importable_gives_no_verdict(tmp_path):
     # The fake CuPy exists only inside the suite's test processes (its conftest), and the
@@ -120,7 +120,7 @@ def test_auto_with_no_framework_importable_gives_no_verdict(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(600)
 def test_protect_none_does_no_protected_reruns(tmp_path):
     done, _, tests, protected = sweep(tmp_path, "--protect", "none", bypass=False)
     assert done.returncode == 1, done.stderr

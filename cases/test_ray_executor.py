@@ -76,7 +76,7 @@ def _sweep(suite: Path, out: Path, *args: str) -> subprocess.CompletedProcess[st
     return subprocess.run(
         [sys.executable, "-m", "capsafe.cli", "sweep", "--no-progress", str(suite),
          "--out", str(out), "--timeout", "10", *args, *FAST],
-        capture_output=True, text=True, timeout=150,
+        capture_output=True, text=True, timeout=280,
     )  # fmt: skip
 
 
@@ -85,7 +85,7 @@ def _verdicts(out: Path) -> dict[str, tuple[str, list[str], list[str]]]:
     return {t["nodeid"]: (t["classification"], t["polluters"], t["state_setters"]) for t in tests}
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(600)
 def test_ray_sweep_classifies_every_test_as_the_local_one(ray_address, tmp_path):
     suite = SUITES / "polluter"
     options = ["--runs", "2", "--workers", "0", "--seed", "3", "--isolation-runs", "1"]
@@ -103,7 +103,7 @@ def test_ray_sweep_classifies_every_test_as_the_local_one(ray_address, tmp_path)
     assert "passed" in (tmp_path / "ray" / "raw" / "run-1.log").read_text()
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(600)
 def test_a_worker_lost_twice_is_a_crash_of_its_test_on_that_node(ray_address, tmp_path):
     suite = tmp_path / "suite"
     suite.mkdir()
@@ -125,7 +125,7 @@ def test_a_worker_lost_twice_is_a_crash_of_its_test_on_that_node(ray_address, tm
     assert "WorkerCrashedError" in log
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(600)
 def test_a_worker_lost_once_is_run_again_and_only_the_rerun_counts(ray_address, tmp_path):
     suite = tmp_path / "suite"
     suite.mkdir()
@@ -187,7 +187,7 @@ def test_gpus_on_a_cluster_without_any_is_one_line(ray_address, monkeypatch):
         RayExecutor.connect(ray_address, gpus=True)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(600)
 def test_each_ray_task_is_pinned_to_the_gpu_ray_gave_it(ray_address, tmp_path):
     suite = write_suite(tmp_path / "suite")
     out = tmp_path / "report"
@@ -209,11 +209,11 @@ from pathlib import Path
 
 def test_sleeps():
     Path(os.environ["CAPSAFE_SWEEP_SHARED"], "pid").write_text(str(os.getpid()))
-    time.sleep(60)
+    time.sleep(600)
 """
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(600)
 def test_ctrl_c_cancels_the_task_and_kills_its_test_process(ray_address, tmp_path):
     suite = tmp_path / "suite"
     suite.mkdir()
@@ -226,14 +226,14 @@ def test_ctrl_c_cancels_the_task_and_kills_its_test_process(ray_address, tmp_pat
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     pid_file = out / "raw" / "shared" / "pid"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 280
     while not pid_file.exists() and time.monotonic() < deadline and sweep.poll() is None:
         time.sleep(0.2)
     assert pid_file.exists(), sweep.stderr.read() if sweep.poll() is not None else "no start"
     test_pid = int(pid_file.read_text())
     sweep.send_signal(signal.SIGINT)
-    assert sweep.wait(timeout=40) == 130
-    for _ in range(50):  # the task's watchdog kills the test process as the cancel lands
+    assert sweep.wait(timeout=280) == 130
+    for _ in range(600):  # the task's watchdog kills the test process as the cancel lands
         try:
             os.kill(test_pid, 0)
         except ProcessLookupError:

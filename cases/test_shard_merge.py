@@ -51,7 +51,7 @@ def capsafe(*args: str, cwd: Path) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
 
 
-def finish(proc: subprocess.Popen[str], timeout: float = 100) -> tuple[int, str]:
+def finish(proc: subprocess.Popen[str], timeout: float = 280) -> tuple[int, str]:
     _, err = proc.communicate(timeout=timeout)
     return proc.returncode, err
 
@@ -64,10 +64,11 @@ def verdicts(out: Path) -> dict[str, tuple]:
 
 
 def merge(*args: str, cwd: Path) -> tuple[int, str]:
-    return finish(capsafe("merge", "--no-progress", *args, cwd=cwd), timeout=100)
+    return finish(capsafe("merge", "--no-progress", *args, cwd=cwd))
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.slow  # four sweeps and three merges
+@pytest.mark.timeout(600)
 def test_three_shards_merged_classify_as_the_unsharded_sweep(tmp_path):
     suite = tmp_path / "suite"
     suite.mkdir()
@@ -189,6 +190,8 @@ def test_sweep_refuses_a_shard_without_a_seed_or_with_more_shards_than_runs(tmp_
     assert code == 2 and "N must be at most --runs" in err, err
 
 
+@pytest.mark.slow  # sweeps, a resume and a merge
+@pytest.mark.timeout(600)
 def test_a_shard_the_budget_stopped_is_resumed_before_the_merge(tmp_path):
     (tmp_path / "test_a.py").write_text("def test_a():\n    pass\n")
     shard = tmp_path / "shard-1"

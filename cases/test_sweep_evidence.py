@@ -107,7 +107,9 @@ def collect_only(project: Path, *args: str) -> list[str]:
     return [line for line in done.stdout.splitlines() if "::" in line]
 
 
-@pytest.mark.parametrize("out", ["inside/reports/s", "../elsewhere/deep/s"])
+@pytest.mark.parametrize(
+    "out", ["inside/reports/s", pytest.param("../elsewhere/deep/s", marks=pytest.mark.slow)]
+)
 def test_node_ids_are_pytests_and_pytest_runs_where_the_user_stands(tmp_path, out):
     project = write(tmp_path / "proj" / "name", PROJECT)  # no ini file: rootdir from the args
     done = sweep("tests", "--runs", "1", "--workers", "2", "--out", out, *FAST, cwd=project)
@@ -136,6 +138,7 @@ COUNTER = """
 """
 
 
+@pytest.mark.slow  # 4 runs, reruns and a search
 def test_a_test_that_crashes_half_the_time_gets_no_polluter(tmp_path):
     suite = make_suite(tmp_path / "suite", counter=COUNTER, test_crash="""
         import os
@@ -156,6 +159,7 @@ def test_a_test_that_crashes_half_the_time_gets_no_polluter(tmp_path):
     assert f"failed {test['failures']} of {test['runs']} suite runs" in test["why"]
 
 
+@pytest.mark.slow  # 4 runs, then reruns alone
 def test_failing_every_rerun_alone_but_passing_in_the_suite_is_not_fail(tmp_path):
     # Fails alone every time (replayed alone) and in every other suite run: no state-setter
     # can explain that, so it is flaky, and the words say what the numbers say.
@@ -224,13 +228,13 @@ COLLIDING = """
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)  # each rerun alone waits 6 s for a partner that never comes
+@pytest.mark.timeout(600)  # each rerun alone waits 6 s for a partner that never comes
 def test_tests_that_collide_across_workers_are_parallel_unsafe_with_the_other_named(tmp_path):
     suite = make_suite(tmp_path / "suite", test_collide=COLLIDING)
     out = tmp_path / "o"
     done = sweep(".", "--runs", "2", "--workers", "2", "--seed", "1", "--isolation-runs", "1",
                  "--out", str(out), *FAST,
-                 cwd=suite, timeout=280)  # fmt: skip
+                 cwd=suite, timeout=570)  # fmt: skip
     assert done.returncode == 1, done.stderr
     tests = by_id(summary_of(out))
     for me, other in (("a", "b"), ("b", "a")):
@@ -243,6 +247,8 @@ def test_tests_that_collide_across_workers_are_parallel_unsafe_with_the_other_na
     assert "parallel-unsafe" in done.stderr
 
 
+@pytest.mark.slow  # two workers side by side, then sequence and pair reruns
+@pytest.mark.timeout(600)
 def test_a_parallel_only_failure_no_partner_reproduces_names_no_collision(tmp_path):
     # It fails under xdist whoever runs beside it: the tests beside it are listed as having
     # run at the same time, but none is named as colliding with it.
@@ -259,7 +265,7 @@ def test_a_parallel_only_failure_no_partner_reproduces_names_no_collision(tmp_pa
     )  # the other worker is busy while it runs
     out = tmp_path / "o"
     done = sweep(".", "--runs", "2", "--workers", "2", "--seed", "1", "--out", str(out), *FAST,
-                 cwd=suite, timeout=110)  # fmt: skip
+                 cwd=suite, timeout=570)  # fmt: skip
     test = by_id(summary_of(out))["test_x.py::test_needs_no_xdist"]
     assert test["classification"] == "parallel-unsafe", (test, done.stderr)
     assert test["concurrent"] and test["collides_with"] == []
@@ -269,6 +275,7 @@ def test_a_parallel_only_failure_no_partner_reproduces_names_no_collision(tmp_pa
 # -- problem 6: state in a module-scoped fixture ---------------------------------------
 
 
+@pytest.mark.slow  # a search among 40 tests
 def test_a_state_setter_behind_a_module_scoped_fixture_is_found(tmp_path):
     others = {f"test_other{i}": "\n".join(f"def test_{j}():\n    pass\n" for j in range(5))
               for i in range(8)}  # fmt: skip
@@ -322,6 +329,7 @@ def test_a_failure_the_budget_left_unrerun_is_unverified(tmp_path):
 # -- problem 3: every process sees the ids collection saw --------------------------------
 
 
+@pytest.mark.slow  # 4 runs and a search
 def test_reruns_keep_the_rootdir_and_config_when_one_path_has_its_own_pytest_ini(tmp_path):
     # Swept together, `a` and `b` share the project's rootdir; a rerun of a test of `a`
     # alone would make pytest pick a/pytest.ini and a/ as rootdir (other ids) unless the

@@ -46,7 +46,7 @@ def sweep(tmp_path: Path, seed: int, suite_files: dict[str, str] = SUITE) -> dic
         [sys.executable, "-m", "capsafe.cli", "sweep", "--no-progress", ".", "--out", str(out),
          "--runs", "4", "--workers", "0", "--seed", str(seed), "--timeout", "10",
          "--", "-p", "no:run-parallel", "-p", "no:hypothesispytest"],
-        cwd=suite, capture_output=True, text=True, timeout=170,
+        cwd=suite, capture_output=True, text=True, timeout=570,
     )  # fmt: skip
     assert done.returncode == 1, done.stderr
     tests = json.loads((out / "summary.json").read_text())["tests"]
@@ -54,7 +54,7 @@ def sweep(tmp_path: Path, seed: int, suite_files: dict[str, str] = SUITE) -> dic
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)
 def test_a_victim_no_run_showed_is_found_and_one_needing_a_third_polluter_too(tmp_path):
     tests = sweep(tmp_path, seed=5)
     w2, w3 = tests["test_f.py::test_w2"], tests["test_g.py::test_w3"]
@@ -69,7 +69,7 @@ def test_a_victim_no_run_showed_is_found_and_one_needing_a_third_polluter_too(tm
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)
 def test_a_cause_found_for_one_victim_is_minimised_for_the_next(tmp_path):
     tests = sweep(tmp_path, seed=9)  # only w3 fails in a run: its cause holds g0 too
     w1, w2 = tests["test_c.py::test_w1"], tests["test_f.py::test_w2"]
@@ -86,7 +86,7 @@ H_MODULE = (  # h1 is a victim of the pair and, once polluted, h2's third pollut
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)
 def test_a_victim_whose_third_polluter_is_an_explained_victim_of_its_module(tmp_path):
     # freezegun's test_uuid1_past: its module holds one other test, already explained when
     # the module is screened; the screen must still run (not just a trial of the pair).
