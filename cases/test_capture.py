@@ -21,7 +21,7 @@ from capsafe.gate import CaptureGate
 from capsafe.handles import LEGACY_STREAM, CaptureMode
 from capsafe.hazard_calls import METHOD_CALLS
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(300)
 JOIN_S = 10.0
 N = 4096
 
@@ -193,7 +193,7 @@ def test_capsafe_gate_0_turns_gating_off() -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=240,
         check=True,
     )
     assert out.stdout.split() == ["False", "sim"]

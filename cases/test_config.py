@@ -227,7 +227,7 @@ def _run_child(code: str, **env: str) -> subprocess.CompletedProcess[str]:
         env=child_env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=240,
     )
 
 

@@ -297,7 +297,7 @@ except capsafe.CapsafeError as exc:
 def test_backend_variable_in_a_fresh_process(backend: str, expected: str) -> None:
     env = {**os.environ, "CAPSAFE_BACKEND": backend}
     done = subprocess.run(
-        [sys.executable, "-c", SNIPPET], env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", SNIPPET], env=env, capture_output=True, text=True, timeout=240
     )
     assert done.returncode == 0, done.stderr
     assert expected in done.stdout if expected else done.stdout == ""

@@ -96,7 +96,7 @@ def test_codes_are_compact() -> None:
 def test_one_trial_in_its_own_process() -> None:
     command = [sys.executable, "-m", "capsafe_repro.hazard_matrix", "--backend", "sim"]
     command += ["--trial", "ctx_sync", "relaxed", "blocking", "other_thread"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr
     row = json.loads(done.stdout.strip().splitlines()[-1])
     assert row["call_result"] == hazards.UNSUPPORTED
@@ -120,7 +120,9 @@ def test_cuda_backend_without_a_gpu_is_one_line_exit_2() -> None:
     if unavailable_reason() is None:
         pytest.skip("this machine has a GPU")
     command = [sys.executable, "-m", "capsafe_repro.hazard_matrix", "--backend", "cuda"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=dict(os.environ))
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=240, env=dict(os.environ)
+    )
     assert done.returncode == 2
     assert done.stderr.startswith("error: --backend cuda needs a GPU")
     assert len(done.stderr.strip().splitlines()) == 1
@@ -131,7 +133,7 @@ def _matrix(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
     child = {k: v for k, v in os.environ.items() if not k.startswith("CAPSAFE_")}
     child.update(env)
     command = [sys.executable, "-m", "capsafe_repro.hazard_matrix", *argv]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120, env=child)
+    return subprocess.run(command, capture_output=True, text=True, timeout=240, env=child)
 
 
 def test_cross_device_matrix_on_two_simulated_devices_agrees(tmp_path: Path) -> None:

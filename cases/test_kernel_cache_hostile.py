@@ -340,7 +340,7 @@ HOLDER = textwrap.dedent(
 )
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(300)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_stopped_lock_holder_is_named_and_not_waited_for(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
@@ -354,7 +354,7 @@ def test_a_stopped_lock_holder_is_named_and_not_waited_for(
         os.kill(holder.pid, signal.SIGSTOP)
         cache = KernelCache(directory)  # the default lock timeout: 600 s
         with caplog.at_level(logging.DEBUG, logger="capsafe.kernel_cache"):
-            # The old code waited the whole 600 s: the watchdog (60 s) fails it.
+            # The old code waited the whole 600 s: the watchdog (300 s) fails it.
             made = cache.get_or_compile(key, "ptx", Compiler()(key))
         assert made.payload == payload_for(key)
         assert any(f"pid {holder.pid}" in r.getMessage() for r in caplog.records)

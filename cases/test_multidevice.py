@@ -22,7 +22,7 @@ from capsafe.handles import CaptureMode, StreamKind
 from capsafe.hazard_trial import run_trial
 from capsafe.sim import SimBackend
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(300)
 JOIN_S = 10.0
 N = 1 << 16
 CROSS = list(hazards.cells(hazards.OTHER_DEVICE))
@@ -171,7 +171,7 @@ def test_the_setting_gives_the_process_driver_that_many_devices() -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=240,
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["3 2", "device 3 requested but only 3 device(s)"]

@@ -206,7 +206,7 @@ def test_a_compile_leaves_the_interpreters_shared_bytes_alone() -> None:
     # a lexer that strips spaces stopped seeing `/* c */ #include` (found by sweeping cases/).
     done = subprocess.run(
         [sys.executable, "-c", ONE_BYTE_OBJECTS_AFTER_A_COMPILE],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["''", "32", "b''"]

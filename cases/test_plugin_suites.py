@@ -26,7 +26,7 @@ def collect(suite: Path) -> list[str]:
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q"],
-        cwd=suite, env=env, capture_output=True, text=True, timeout=60, check=True,
+        cwd=suite, env=env, capture_output=True, text=True, timeout=240, check=True,
     ).stdout  # fmt: skip
     return [line for line in out.splitlines() if "::" in line]
 

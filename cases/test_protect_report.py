@@ -133,7 +133,7 @@ def test_an_unknown_protect_value_is_a_one_line_usage_error(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "capsafe.cli", "sweep", str(tmp_path), "--out",
          str(tmp_path / "out"), "--protect", "cupy,torch"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [

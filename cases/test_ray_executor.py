@@ -157,7 +157,7 @@ def test_without_ray_installed_the_sweep_says_so_in_one_line(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "capsafe.cli", "sweep", str(SUITES / "polluter"), "--out",
          str(tmp_path / "out"), "--executor", "ray"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True, text=True, timeout=240,
         env={**os.environ, "PYTHONPATH": str(hidden)},
     )  # fmt: skip
     assert done.returncode == 2

@@ -45,7 +45,7 @@ def test_sweep_report_shows_messages_outcomes_and_env_leaks(tmp_path: Path):
         [sys.executable, "-m", "capsafe.cli", "sweep", "--no-progress", "suite", "--runs", "1",
          "--workers", "0", "--isolation-runs", "1", "--seed", "5", "--out", str(out),
          "--", "-p", "no:hypothesispytest"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        cwd=tmp_path, capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
     md = (out / "report.md").read_text()

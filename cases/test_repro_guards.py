@@ -26,13 +26,13 @@ def _run(args: list[str], tmp_path: Path) -> tuple[subprocess.CompletedProcess[s
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=240,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return done, json.loads(out.read_text())
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(300)
 def test_default_stream_race_is_stale_without_and_clean_with_test_stream(tmp_path: Path) -> None:
     done, result = _run(["-m", "capsafe_repro.default_stream_race", "--trials", "4"], tmp_path)
     assert result["ok"] is True
@@ -44,7 +44,7 @@ def test_default_stream_race_is_stale_without_and_clean_with_test_stream(tmp_pat
     assert "TestStream removed the race" in done.stdout
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(300)
 def test_frozen_config_shows_the_silent_phase_the_guard_and_the_remedy(tmp_path: Path) -> None:
     done, result = _run(["-m", "capsafe_repro.frozen_config"], tmp_path)
     assert result["one_process_without_guard"] == ["fast", "fast"]
@@ -54,7 +54,7 @@ def test_frozen_config_shows_the_silent_phase_the_guard_and_the_remedy(tmp_path:
     assert "FrozenConfigError" in done.stdout
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(300)
 def test_context_warmup_fails_alone_and_passes_after_the_state_setter(tmp_path: Path) -> None:
     _done, result = _run(["-m", "capsafe_repro.context_warmup", "--backend", "sim"], tmp_path)
     alone, warmed, fixed = result["scenarios"].values()
@@ -86,7 +86,7 @@ def test_the_repro_command_lists_and_refuses_unknown_names(
     assert "no reproducer 'no_such_thing'" in capsys.readouterr().err
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(300)
 def test_the_repro_command_passes_arguments_through(tmp_path: Path) -> None:
     out = tmp_path / "fc.json"
     args = _parse(["repro", "capsafe_repro.frozen_config", "--json", str(out), "--backend", "sim"])

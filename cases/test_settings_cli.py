@@ -19,7 +19,7 @@ BOGUS_LINE = "capsafe: CAPSAFE_BACKEND='bogus' is not valid; use one of: cuda, s
 def _run(command: list[str], **env: str) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("CAPSAFE_")}
     return subprocess.run(
-        command, env={**clean, **env}, capture_output=True, text=True, timeout=60, cwd=ROOT
+        command, env={**clean, **env}, capture_output=True, text=True, timeout=240, cwd=ROOT
     )
 
 

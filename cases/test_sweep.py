@@ -117,7 +117,7 @@ def test_defects_are_classified_and_the_replay_reproduces(tmp_path):
     assert crash["classification"] == "fail" and "crash" in crash["signals"]
     # The recorded command replays polluter then victim and shows the failure again.
     again = subprocess.run(victim["replay"], shell=True, capture_output=True, text=True,
-                           timeout=60)  # fmt: skip
+                           timeout=240)  # fmt: skip
     assert again.returncode == 1, again.stdout
     assert "polluted" in again.stdout
 
@@ -219,7 +219,7 @@ def test_a_stop_signal_writes_the_partial_report_and_exits_130(tmp_path, stop):
             assert time.monotonic() < deadline, "the first run never started"
             time.sleep(0.1)
         proc.send_signal(stop)
-        _, stderr = proc.communicate(timeout=120)
+        _, stderr = proc.communicate(timeout=240)
     finally:
         proc.kill()
     assert proc.returncode == 130, stderr
