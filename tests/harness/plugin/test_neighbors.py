@@ -108,7 +108,7 @@ def test_status_files_round_trip(tmp_path):
     assert read["driver_errors"] == {"ctx_sync": 3} and read["calls"] == ["ctx_sync"]
 
 
-SUITES = Path(__file__).resolve().parent.parent / "repro" / "suites"
+SUITES = Path(__file__).resolve().parents[3] / "repro" / "suites"
 
 
 @pytest.fixture

@@ -203,7 +203,7 @@ print(repr(out.log), space[0], repr(b" ".strip()))
 def test_a_compile_leaves_the_interpreters_shared_bytes_alone() -> None:
     # NVRTC writes its log (one NUL when empty) into the buffer it is handed; handed
     # b" " * 1, which is the interpreter's shared b" ", it made every b" " a b"\0" and
-    # a lexer that strips spaces stopped seeing `/* c */ #include` (found by sweeping cases/).
+    # a lexer that strips spaces stopped seeing `/* c */ #include` (found by sweeping the tests).
     done = subprocess.run(
         [sys.executable, "-c", ONE_BYTE_OBJECTS_AFTER_A_COMPILE],
         capture_output=True, text=True, timeout=240,

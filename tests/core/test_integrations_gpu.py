@@ -18,7 +18,7 @@ from capsafe.integrations import cuda_core as cuda_core_integration
 from capsafe.integrations import cupy as cupy_integration
 
 pytestmark = [pytest.mark.cuda, pytest.mark.timeout(120)]
-SUITE = Path(__file__).parents[1] / "repro" / "suites" / "cuda_core_capture"
+SUITE = Path(__file__).parents[2] / "repro" / "suites" / "cuda_core_capture"
 WINDOW_S = 0.05
 
 

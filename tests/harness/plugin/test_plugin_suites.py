@@ -14,7 +14,7 @@ import pytest
 from capsafe_harness import classify
 from capsafe_harness.order import shuffled
 
-SUITES = Path(__file__).resolve().parent.parent / "repro" / "suites"
+SUITES = Path(__file__).resolve().parents[3] / "repro" / "suites"
 NAMES = sorted(p.name for p in SUITES.iterdir() if (p / "answer_key.json").exists())
 CLASSES = set(classify.CLASSES)
 SIGNALS = {"capture-invalidated", "frozen-config", "env-leak", "timeout", "crash"}

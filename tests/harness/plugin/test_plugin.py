@@ -22,7 +22,7 @@ from capsafe_harness.records import (
 
 pytest_plugins = ["pytester"]
 
-SUITES = Path(__file__).resolve().parent.parent / "repro" / "suites"
+SUITES = Path(__file__).resolve().parents[3] / "repro" / "suites"
 KEYS = set(Record.__annotations__) - {"env_leak"}
 
 THREE_MODULES = {

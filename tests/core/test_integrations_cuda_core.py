@@ -28,7 +28,7 @@ pytestmark = pytest.mark.timeout(60)
 KiB = 1 << 10
 
 
-FAKE = Path(__file__).parents[1] / "repro" / "suites" / "cuda_core_capture" / "fake_cuda_core.py"
+FAKE = Path(__file__).parents[2] / "repro" / "suites" / "cuda_core_capture" / "fake_cuda_core.py"
 
 
 def fake_cuda_core(sim):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-SUITE = Path(__file__).resolve().parent.parent / "repro" / "suites" / "capture"
+SUITE = Path(__file__).resolve().parents[3] / "repro" / "suites" / "capture"
 RAW = "test_capture.py::test_raw_global_capture"
 PROTECTED = "test_capture.py::test_protected_capture"
 LEAN = ["--", "-p", "no:run-parallel", "-p", "no:hypothesispytest"]

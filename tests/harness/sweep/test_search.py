@@ -1,6 +1,6 @@
 """The cause search: replay counts for one polluter, delta debugging for several, hints, the cap.
 
-Verification (K replays each way) is the sweep's, not the search's: cases/test_sweep_evidence.py."""
+Verification (K replays each way) is the sweep's, not the search's: test_sweep_evidence.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Model checks of the capture gate.
 
-1. `cases/gate_explorer.py` runs the real gate under a seeded scheduler: three
+1. `tests/core/gate_explorer.py` runs the real gate under a seeded scheduler: three
    actors (four in the slow variant) with named and unnamed sections, captures
    under both policies (`harmful=None` conservative, a narrow set measured),
    nested captures, cross-thread releases and an exception injected into any

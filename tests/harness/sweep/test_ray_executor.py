@@ -3,7 +3,7 @@
 The same planted suite, the same seed, the local and the Ray executor: the same verdict
 for every test. A test that kills the Ray worker running its process: the task runs
 once more, then that test is recorded as crashed on that node, and the sweep goes on.
-Run with `pytest -m ray cases/test_ray_executor.py -p no:cacheprovider`.
+Run with `pytest -m ray tests/harness/sweep/test_ray_executor.py -p no:cacheprovider`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from capsafe_harness.runner import Runner
 
 pytestmark = pytest.mark.ray
 
-SUITES = Path(__file__).resolve().parent.parent / "repro" / "suites"
+SUITES = Path(__file__).resolve().parents[3] / "repro" / "suites"
 FAST = ["--", "-p", "no:run-parallel", "-p", "no:hypothesispytest"]
 
 # Kills the Ray worker that started this pytest process (its parent), only under Ray:

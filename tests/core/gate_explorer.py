@@ -1,4 +1,4 @@
-"""A small-scope interleaving explorer for the capture gate (used by cases/test_gate_model.py).
+"""A small-scope interleaving explorer for the capture gate (used by tests/core/test_gate_model.py).
 
 The real `CaptureGate` code runs on real threads, but one at a time: its lock
 and condition variables are replaced by scheduler-controlled ones, and its

@@ -1,4 +1,4 @@
-"""Run by cases/test_gate_signals.py: `python gate_signal_stress.py alarm|sigint SECONDS`.
+"""Run by tests/core/test_gate_signals.py: `python gate_signal_stress.py alarm|sigint SECONDS`.
 
 The main thread makes shared sections in a loop while a capture loop and an
 allocator run on other threads, and is interrupted every few milliseconds by a

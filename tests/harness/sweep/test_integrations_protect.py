@@ -14,8 +14,8 @@ from capsafe.integrations import _patch
 from capsafe_harness import protect
 
 pytest_plugins = ["pytester"]
-FAKES = Path(__file__).with_name("test_integrations_cupy.py")
-SUITES = Path(__file__).resolve().parents[1] / "repro" / "suites"
+FAKES = Path(__file__).resolve().parents[2] / "core" / "test_integrations_cupy.py"
+SUITES = Path(__file__).resolve().parents[3] / "repro" / "suites"
 
 # Loads the fake CuPy of test_integrations_cupy.py as `cupy`, over the process-wide sim driver.
 CONFTEST = f"""

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-SUITES = Path(__file__).resolve().parent.parent / "repro" / "suites"
+SUITES = Path(__file__).resolve().parents[3] / "repro" / "suites"
 KEYS = sorted(SUITES.glob("*/answer_key.json"))
 FAST = ["--", "-p", "no:run-parallel", "-p", "no:hypothesispytest"]  # lighter test processes
 

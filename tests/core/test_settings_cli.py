@@ -11,7 +11,7 @@ import pytest
 
 from capsafe import backend_cuda
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CAPSAFE = [sys.executable, "-m", "capsafe.cli"]
 BOGUS_LINE = "capsafe: CAPSAFE_BACKEND='bogus' is not valid; use one of: cuda, sim, auto"
 

@@ -1,5 +1,5 @@
 """Real signals landing in the gate: SIGINT (Ctrl-C) and a SIGALRM handler that raises,
-which is pytest-timeout's signal method (cases/gate_signal_stress.py does the work).
+which is pytest-timeout's signal method (tests/core/gate_signal_stress.py does the work).
 
 Each run is a subprocess with a watchdog. Before the fix a real SIGINT leaked an
 entry grant 7 times in 100, after which no capture could begin in that process.

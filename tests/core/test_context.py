@@ -114,7 +114,7 @@ def test_unbinding_behind_capsafes_back_rebinds_on_the_next_call(sim: CountingSi
     """Regression: after another library (or a test fixture's teardown) set the thread's
     current context to NULL, device() trusted a per-thread cache and did not rebind."""
     context.device(0)
-    sim.ctx_set_current(None)  # what cases/conftest.py's teardown does
+    sim.ctx_set_current(None)  # what tests/conftest.py's teardown does
     dev = context.device(0)
     assert sim.ctx_get_current() == dev.context
     assert sim.mem_alloc(256).value  # CUDA_ERROR_INVALID_CONTEXT on the old code

@@ -14,7 +14,7 @@ from capsafe import hazards
 from capsafe.handles import CaptureMode, StreamKind
 from capsafe_repro import hazard_matrix
 
-DATA = Path(__file__).resolve().parent.parent / "docs" / "data"
+DATA = Path(__file__).resolve().parents[2] / "docs" / "data"
 MEASURED = sorted(DATA.rglob("*.jsonl"))  # every H200 run, the dated folders' too
 
 

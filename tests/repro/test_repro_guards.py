@@ -13,7 +13,7 @@ import pytest
 
 from capsafe_repro import cli
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(args: list[str], tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], dict]:
