@@ -508,7 +508,7 @@ def nvrtc_compile(
         _nvrtc_check(err, "nvrtcGetProgramLogSize")
         # NVRTC writes into the buffers it is given: never hand it a bytes object. `b" " * 1`
         # (an empty log is one NUL) is the interpreter's shared b" ", and writing it turned
-        # every b" " of the process into b"\0" (found by `capsafe sweep cases`).
+        # every b" " of the process into b"\0" (found by sweeping our own tests).
         log = bytearray(size)
         (err,) = nvrtc.nvrtcGetProgramLog(prog, log)
         log_text = log.rstrip(b"\0").decode(errors="replace").strip()

@@ -175,7 +175,7 @@ class Classification:
 def classify(method: str) -> Classification:
     """How the facade gates `method`; a method nobody classified is gated, unnamed.
 
-    That default keeps the facade closed: `cases/test_facade.py` fails while any
+    That default keeps the facade closed: `tests/core/test_facade.py` fails while any
     Backend method still falls to it.
     """
     row = METHOD_CALLS.get(method)

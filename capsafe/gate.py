@@ -5,7 +5,7 @@ driver call that can break a capture holds the *shared* side while it runs. So
 no such call can run on another thread while a capture is open, and a capture
 waits for the ones already running to finish.
 
-Load-bearing details (each has a test in cases/test_gate*.py):
+Load-bearing details (each has a test in tests/core/test_gate*.py):
 
 - the thread that owns the exclusive side bypasses the shared side: a capture
   may allocate inside its own window (RELAXED mode, VMM);
@@ -881,7 +881,7 @@ def current_frames() -> dict[int, Any]:
     """`sys._current_frames()` with the collector paused. On CPython before 3.12 it holds
     the runtime's thread-list lock while it makes frame objects; a collection they
     trigger can free a `threading.local`, whose finalizer takes that lock again, and the
-    process hangs (reproduced on 3.11.7: cases/test_gate_regressions.py)."""
+    process hangs (reproduced on 3.11.7: tests/core/test_gate_regressions.py)."""
     with _frames_lock:
         enabled = gc.isenabled()
         gc.disable()

@@ -209,7 +209,7 @@ def _stream_query_capturing(kit: ActionKit, _: Any) -> None:
 
 _N = BUFFER_BYTES
 
-#: Every hazard-table row, once, in the table's order; `cases/test_hazard_actions.py`
+#: Every hazard-table row, once, in the table's order; `tests/core/test_hazard_actions.py`
 #: checks the invariants (one action per row, names unique, methods real and mapped).
 ACTIONS: tuple[HazardAction, ...] = (
     HazardAction("noop", "noop", (), lambda k, _: None),

@@ -43,20 +43,20 @@ ROOT = Path(__file__).resolve().parents[1]
 #: test_gate_guarantees.py cover what the stress test would catch.
 ORACLES = {
     "capsafe/gate.py": (
-        "cases/test_gate_guarantees.py",
-        "cases/test_gate.py",
-        "cases/test_gate_regressions.py",
-        "cases/test_gate_model.py",
+        "tests/core/test_gate_guarantees.py",
+        "tests/core/test_gate.py",
+        "tests/core/test_gate_regressions.py",
+        "tests/core/test_gate_model.py",
     ),
     "capsafe/kernel_cache/store.py": (
-        "cases/test_kernel_cache.py",
-        "cases/test_kernel_cache_hostile.py",
-        "cases/test_kernel_cache_cli.py",
-        "cases/test_kernel_cache_concurrency.py",
+        "tests/kernel_cache/test_kernel_cache.py",
+        "tests/kernel_cache/test_kernel_cache_hostile.py",
+        "tests/kernel_cache/test_kernel_cache_cli.py",
+        "tests/kernel_cache/test_kernel_cache_concurrency.py",
     ),
 }
 PYTEST_ARGS = ("-x", "-q", "-p", "no:cacheprovider", "-p", "no:xdist")
-#: The gate tests' watchdog (cases/test_gate.py, JOIN_S), lowered from 10 s: most
+#: The gate tests' watchdog (tests/core/test_gate.py, JOIN_S), lowered from 10 s: most
 #: mutants of the gate hang a wait, and the watchdog is what sees it. 3 s is still
 #: thousands of times a normal wait; a mutant it kills on a slow wake-up alone would
 #: be a false kill, never a false survivor.

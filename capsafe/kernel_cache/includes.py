@@ -1,6 +1,6 @@
 """What NVRTC will read for a translation unit, resolved once, as NVRTC resolves it.
 
-NVRTC 13's rules, measured (cases/test_kernel_cache_includes.py checks each against
+NVRTC 13's rules, measured (tests/kernel_cache/test_kernel_cache_includes.py checks each against
 the real library): an in-memory header whose name is the include's exact spelling wins,
 for quoted and angle includes, from any file; otherwise a quoted include is looked up
 in the including file's own directory (the program name's directory for the main

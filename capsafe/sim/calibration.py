@@ -1,6 +1,6 @@
 """What the simulated device reports: the numbers an H200 with driver 580 (CUDA 13.0) gave.
 
-Where each number comes from is tabled in docs/sim.md; `cases/test_sim_calibration.py`
+Where each number comes from is tabled in docs/sim.md; `tests/sim/test_sim_calibration.py`
 compares them with the GPU. The capture rules are calibrated too, but live in
 `capsafe.hazards`, shared with the gate.
 """

@@ -4,7 +4,7 @@
 cuMemAllocAsync / cuMemFreeAsync), `Buffer.from_handle` / `close` / `fill`,
 `MemoryResource`, and a `GraphBuilder` whose begin/end_building call the driver
 directly, as cuda.core does. Used by this suite on the sim backend and by
-cases/test_integrations_cuda_core.py.
+tests/core/test_integrations_cuda_core.py.
 """
 
 import contextlib
