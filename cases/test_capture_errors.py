@@ -8,7 +8,7 @@ import types
 import pytest
 
 from capsafe.errors import CaptureInvalidated, CudaError
-from capsafe_harness.capture_errors import capture_error, in_text
+from capsafe_harness.plugin.capture_errors import capture_error, in_text
 
 
 class _Status(Exception):

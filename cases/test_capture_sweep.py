@@ -7,16 +7,16 @@ import time
 import pytest
 
 from capsafe.integrations import NAMES
-from capsafe_harness import phase_times
-from capsafe_harness.capture_sweep import (
+from capsafe_harness.plugin import phase_times
+from capsafe_harness.plugin.protect import FRAMEWORKS
+from capsafe_harness.sweep.capture_sweep import (
     CaptureEvidence,
     CapturePhases,
     neighbor_args,
     protect_choice,
 )
-from capsafe_harness.classify import Attempt
-from capsafe_harness.options import SweepError
-from capsafe_harness.protect import FRAMEWORKS
+from capsafe_harness.sweep.options import SweepError
+from capsafe_harness.verdicts.classify import Attempt
 
 BREAKS = {"cap": {"ctx_sync", "memset_sync"}}  # what breaks each capture-unsafe test
 UNPROTECTABLE = {"bypass"}  # tests that still break with --capsafe-protect

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from capsafe_harness.classify import (
+from capsafe_harness.verdicts.classify import (
     CLASSES,
     RULES,
     Evidence,
@@ -16,7 +16,7 @@ from capsafe_harness.classify import (
     severity,
     unfinished_rows,
 )
-from capsafe_harness.stats import flake_rate, wilson_interval
+from capsafe_harness.verdicts.stats import flake_rate, wilson_interval
 
 
 def row(

@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 from pinning_suite import seen, write_suite
 
-from capsafe_harness import gpus, placement
-from capsafe_harness.executor import SWEEP_SHARED_ENV, SWEEP_TMP_ENV
+from capsafe_harness.plugin import gpus
 from capsafe_harness.records import from_json, read_records, to_json
+from capsafe_harness.report import placement
+from capsafe_harness.sweep.executor import SWEEP_SHARED_ENV, SWEEP_TMP_ENV
 
 FAST = ["-p", "no:run-parallel", "-p", "no:hypothesispytest", "-p", "no:cacheprovider"]
 

@@ -11,7 +11,7 @@ from capsafe import context, driver, hazards
 from capsafe.errors import BackendUnavailable, CaptureInvalidated
 from capsafe.handles import CaptureMode
 from capsafe.hazard_actions import BY_NAME
-from capsafe_harness import neighbors as nb
+from capsafe_harness.plugin import neighbors as nb
 from capsafe_harness.records import read_records
 
 pytest_plugins = ["pytester"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from capsafe_harness import order
+from capsafe_harness.plugin import order
 from capsafe_harness.records import (
     DETAILS_LIMIT,
     MESSAGE_LIMIT,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from capsafe_harness import classify
-from capsafe_harness.order import shuffled
+from capsafe_harness.plugin.order import shuffled
+from capsafe_harness.verdicts import classify
 
 SUITES = Path(__file__).resolve().parent.parent / "repro" / "suites"
 NAMES = sorted(p.name for p in SUITES.iterdir() if (p / "answer_key.json").exists())
@@ -58,7 +58,7 @@ def test_answer_key_names_collected_tests(name: str):
 def test_key_sweep_puts_the_cause_first_in_some_run(name: str):
     """With the key's sweep settings (one process per run), at least one run orders the
     polluter or state-setter before its test, so the key's answer is reachable."""
-    from capsafe_harness.sweep import run_seeds
+    from capsafe_harness.sweep.phases import run_seeds
 
     suite = SUITES / name
     key = json.loads((suite / "answer_key.json").read_text())

@@ -8,8 +8,14 @@ import os
 
 import pytest
 
-from capsafe_harness import history, tables
-from capsafe_harness.report import pairs, render_html, render_markdown, search_bound, write_reports
+from capsafe_harness.report import history, tables
+from capsafe_harness.report.render import (
+    pairs,
+    render_html,
+    render_markdown,
+    search_bound,
+    write_reports,
+)
 
 SUITE = "/home/me/proj/tests"
 

@@ -8,7 +8,14 @@ import math
 
 import pytest
 
-from capsafe_harness.search import CountingOracle, bisect, capped_ddmin, ddmin, grouped, search
+from capsafe_harness.sweep.search import (
+    CountingOracle,
+    bisect,
+    capped_ddmin,
+    ddmin,
+    grouped,
+    search,
+)
 
 
 def needs(*culprits: str, log: list[tuple[str, ...]] | None = None):

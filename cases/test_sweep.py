@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from capsafe_harness.runner import last_line
-from capsafe_harness.sweep import SweepOptions, run_seeds, run_sweep, suite_root
+from capsafe_harness.sweep.phases import SweepOptions, run_seeds, run_sweep, suite_root
+from capsafe_harness.sweep.runner import last_line
 
 FAST = ("--", "-p", "no:run-parallel", "-p", "no:hypothesispytest")  # lighter test processes
 REPORT_FILES = ("records.jsonl", "tests.csv", "summary.json", "report.md", "report.html")

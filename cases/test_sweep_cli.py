@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 
 from capsafe.cli import main
-from capsafe_harness import sweep
+from capsafe_harness.sweep import phases as sweep
 
 
 @pytest.fixture

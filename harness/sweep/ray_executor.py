@@ -33,8 +33,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..plugin.gpus import VISIBLE, as_spec
 from .executor import SWEEP_SHARED_ENV, Chunk, Exit, Launch, WatchedProcess, teardowns
-from .gpus import VISIBLE, as_spec
 from .options import SweepError
 
 RETRIES = 1  # runs of a lost task after the first

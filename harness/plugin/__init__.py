@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
+from ..records import Outcome, Record, RecordWriter, bounded_details, first_lines, records_path
 from . import capture_errors, gpus, neighbor_run, order, phase_times, protect
-from .records import Outcome, Record, RecordWriter, bounded_details, first_lines, records_path
 from .seeding import Reseeder, registered_seeders
 
 DEFAULT_WATCH_ENV = "CAPSAFE_,CUDA_"

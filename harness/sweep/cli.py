@@ -17,8 +17,12 @@ from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
-from . import capture_sweep, classify, gpus, placement, sweep, termination
-from .executor import EXECUTORS, make_executor
+from ..plugin import gpus
+from ..report import placement
+from ..verdicts import classify
+from . import capture_sweep, termination
+from . import phases as sweep
+from .executors import EXECUTORS, make_executor
 from .ray_executor import NOT_INSTALLED
 from .shard import parse_shard
 

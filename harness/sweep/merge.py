@@ -25,11 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import classify as cl
-from .collection import Collected, read_collected
+from ..plugin.collection import Collected, read_collected
+from ..verdicts import classify as cl
 from .options import SweepError, SweepOptions
-from .shard import Shard, parse_shard
-from .sweep import (
+from .phases import (
     STATE_FILE,
     Sweep,
     SweepResult,
@@ -38,6 +37,7 @@ from .sweep import (
     read_state,
     target_outcome,
 )
+from .shard import Shard, parse_shard
 
 NOT_RUN = "`capsafe merge --no-run`: the reruns or searches its verdict needs were not run"
 LOCAL = ("shared", "collected.json", "collect.log")  # in a shard's raw/, not evidence to copy

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from .order import class_of, module_of
+from ..plugin.order import class_of, module_of
 
 DDMIN_CAP = 100
 """Replays one delta-debugging search may spend before it stops with what it has."""

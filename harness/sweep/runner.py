@@ -35,14 +35,15 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import classify as cl
-from . import order
-from .collection import COLLECT_OUT_ENV, PLUGIN, Collected, read_collected
-from .executor import SWEEP_SHARED_ENV, SWEEP_TMP_ENV, Executor, Launch, make_executor
-from .gpus import VISIBLE, as_spec
+from ..plugin import order
+from ..plugin.collection import COLLECT_OUT_ENV, PLUGIN, Collected, read_collected
+from ..plugin.gpus import VISIBLE, as_spec
+from ..records import Record, load_records
+from ..verdicts import classify as cl
+from .executor import SWEEP_SHARED_ENV, SWEEP_TMP_ENV, Executor, Launch
+from .executors import make_executor
 from .optional_plugins import quiet_plugin_args
 from .options import SweepError, SweepOptions
-from .records import Record, load_records
 
 __all__ = [
     "PYTEST_NO_RUN",

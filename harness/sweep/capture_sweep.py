@@ -35,13 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from . import attribution as attr
-from . import neighbors as nb
-from . import order
-from .classify import Attempt, attempts
+from ..plugin import neighbors as nb
+from ..plugin import order
+from ..plugin.protect import FRAMEWORKS, ProtectedRuns
+from ..plugin.protect import OPTION as PROTECT_OPTION
+from ..verdicts import attribution as attr
+from ..verdicts.classify import Attempt, attempts
 from .options import SweepError
-from .protect import FRAMEWORKS, ProtectedRuns
-from .protect import OPTION as PROTECT_OPTION
 
 CAPTURE_SIGNAL = "capture-invalidated"
 NEIGHBOR_CALLS_OPTION = "--capsafe-neighbor-calls"

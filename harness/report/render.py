@@ -21,9 +21,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..records import Record, to_json
+from ..verdicts.classify import CLASSES, severity
 from . import gpu_report, placement, tables
-from .classify import CLASSES, severity
-from .records import Record, to_json
 
 CELL_LABELS = {
     "pass": "passed",

@@ -43,22 +43,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from . import (
-    capture_sweep,
-    gpu_report,
-    history,
-    order,
-    phase_times,
-    report,
-    search,
-    stats,
-    termination,
-)
-from . import classify as cl
-from .classify import Evidence
-from .collection import Collected
+from ..plugin import order, phase_times
+from ..plugin.collection import Collected
+from ..records import Record, load_records
+from ..report import gpu_report, history
+from ..report import render as report
+from ..report.summary import SearchRecord, Summary, TestVerdict
+from ..verdicts import classify as cl
+from ..verdicts import stats
+from ..verdicts.classify import Evidence
+from . import capture_sweep, search, termination
 from .options import SweepError, SweepOptions
-from .records import Record, load_records
 from .runner import (
     PYTEST_NO_RUN,
     SWEEP_SHARED_ENV,
@@ -70,7 +65,6 @@ from .runner import (
     suite_root,
 )
 from .shard import stable_hash
-from .summary import SearchRecord, Summary, TestVerdict
 
 __all__ = [
     "SWEEP_SHARED_ENV",

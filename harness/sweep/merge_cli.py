@@ -6,7 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import merge, sweep, sweep_cli, termination
+from . import cli as sweep_cli
+from . import merge, termination
+from . import phases as sweep
 
 EPILOG = """\
 exit codes:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from .records import Record
+from ..records import Record
 
 CLASSES = (
     "error",

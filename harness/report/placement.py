@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .records import Record, fold_outcome
+from ..records import Record, fold_outcome
 
 
 def placement_section(rows: Iterable[Record]) -> dict[str, Any] | None:

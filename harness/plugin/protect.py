@@ -11,8 +11,8 @@ capsafe is imported only when the option is given.
 
 `ProtectedRuns` is the one verdict on a capture-unsafe test rerun with the option
 (`capsafe sweep --protect`, harness.capture_sweep, reruns each one so).
-`python -m capsafe_harness.protect SWEEP_OUT` lists those verdicts of one sweep;
-`python -m capsafe_harness.protect UNPROTECTED_OUT PROTECTED_OUT` compares two
+`python -m capsafe_harness.plugin.protect SWEEP_OUT` lists those verdicts of one sweep;
+`python -m capsafe_harness.plugin.protect UNPROTECTED_OUT PROTECTED_OUT` compares two
 sweeps of one suite in one configuration, without and with the option: for each
 test the first classified capture-unsafe, whether it passed in the second.
 """
@@ -240,8 +240,8 @@ def in_one_sweep(out: Path) -> list[tuple[str, ProtectedRuns, str]]:
 
 
 USAGE = (
-    "usage: python -m capsafe_harness.protect SWEEP_OUT  (a sweep run with --protect)\n"
-    "       python -m capsafe_harness.protect UNPROTECTED_OUT PROTECTED_OUT"
+    "usage: python -m capsafe_harness.plugin.protect SWEEP_OUT  (a sweep run with --protect)\n"
+    "       python -m capsafe_harness.plugin.protect UNPROTECTED_OUT PROTECTED_OUT"
 )
 LABELS = {True: "survived", False: "NOT protected", None: "no verdict"}
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd  # type: ignore[import-untyped]
 
-from .records import OUTCOMES, Record
+from ..records import OUTCOMES, Record
 
 ENV_LEAKS_SHOWN = 10  # distinct (variable, before, after) changes kept per test
 TESTS_CSV_COLUMNS = (
