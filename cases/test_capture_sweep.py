@@ -16,7 +16,7 @@ from capsafe_harness.sweep.capture_sweep import (
     protect_choice,
 )
 from capsafe_harness.sweep.options import SweepError
-from capsafe_harness.verdicts.classify import Attempt
+from capsafe_harness.verdicts.fold import Attempt
 
 BREAKS = {"cap": {"ctx_sync", "memset_sync"}}  # what breaks each capture-unsafe test
 UNPROTECTABLE = {"bypass"}  # tests that still break with --capsafe-protect

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from capsafe_harness.verdicts.classify import (
-    CLASSES,
-    RULES,
-    Evidence,
+from capsafe_harness.verdicts.catalogue import CATALOGUE, CLASSES, classify, docs_table, severity
+from capsafe_harness.verdicts.evidence import Evidence
+from capsafe_harness.verdicts.fold import (
     attempts,
-    classify,
     concurrent_with,
     process_sequence,
     run_sequence,
-    severity,
     unfinished_rows,
 )
 from capsafe_harness.verdicts.stats import flake_rate, wilson_interval
@@ -83,8 +82,8 @@ def test_classification_rules(evidence, expected):
 
 
 def test_every_class_has_one_rule_and_classes_are_worst_first():
-    assert sorted(rule.name for rule in RULES) == sorted(CLASSES)
-    assert all(rule.evidence for rule in RULES)
+    assert sorted(c.name for c in CATALOGUE) == sorted(CLASSES)
+    assert all(c.evidence for c in CATALOGUE)
     assert CLASSES[0] == "error" and CLASSES[-1] == "pass"
     assert severity("fail") < severity("flaky") < severity("pass")
 
@@ -191,3 +190,11 @@ def test_wilson_interval_edges():
     with pytest.raises(ValueError):
         wilson_interval(4, 3)
     assert flake_rate(0, 0) == 0.0
+
+
+def test_docs_class_table_is_the_catalogues():
+    """docs/harness.md's class table is generated from the catalogue, and kept so."""
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "harness.md").read_text()
+    start = docs.index("| class | example | evidence rule |")
+    shown = docs[start : docs.index("\n\n", start) + 1]
+    assert shown == docs_table(), "regenerate with `python -m capsafe_harness.verdicts.catalogue`"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from capsafe.integrations import _patch
-from capsafe_harness.plugin import protect
+from capsafe_harness.report import protection as protect
 
 pytest_plugins = ["pytester"]
 FAKES = Path(__file__).with_name("test_integrations_cupy.py")
@@ -222,7 +222,7 @@ def test_sweeps_of_the_cuda_core_suite_without_and_with_protection(tmp_path):
     )
     assert protected.returncode == 0
     out = subprocess.run(
-        [sys.executable, "-m", "capsafe_harness.plugin.protect", str(tmp_path / "bare"),
+        [sys.executable, "-m", "capsafe_harness.report.protection", str(tmp_path / "bare"),
          str(tmp_path / "on")],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip

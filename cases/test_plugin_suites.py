@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from capsafe_harness.plugin.order import shuffled
-from capsafe_harness.verdicts import classify
+from capsafe_harness.verdicts import catalogue
 
 SUITES = Path(__file__).resolve().parent.parent / "repro" / "suites"
 NAMES = sorted(p.name for p in SUITES.iterdir() if (p / "answer_key.json").exists())
-CLASSES = set(classify.CLASSES)
+CLASSES = set(catalogue.CLASSES)
 SIGNALS = {"capture-invalidated", "frozen-config", "env-leak", "timeout", "crash"}
 
 

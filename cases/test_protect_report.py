@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from test_integrations_protect import CAPTURE_TEST, CONFTEST
 
-from capsafe_harness.plugin import protect
+from capsafe_harness.report import protection as protect
 
 HOOKED = "test_fake_cupy.py::test_cupy_capture_beside_neighbours"
 BYPASS = "test_fake_cupy.py::test_capture_begun_past_cupy"

@@ -20,7 +20,15 @@ from typing import Any
 
 import pytest
 
-from ..records import Outcome, Record, RecordWriter, bounded_details, first_lines, records_path
+from ..records import (
+    Outcome,
+    Record,
+    RecordWriter,
+    Signal,
+    bounded_details,
+    first_lines,
+    records_path,
+)
 from . import capture_errors, gpus, neighbor_run, order, phase_times, protect
 from .seeding import Reseeder, registered_seeders
 
@@ -263,15 +271,15 @@ def _env_leak(
 
 
 def _signals(text: str, exc_names: tuple[str, ...]) -> list[str]:
-    found = []
+    found: list[str] = []
     if capture_errors.in_text(text) or "CaptureInvalidated" in exc_names:
-        found.append("capture-invalidated")
+        found.append(Signal.CAPTURE_INVALIDATED)
     if any(m in text for m in FROZEN_MARKS) or "FrozenConfigError" in exc_names:
-        found.append("frozen-config")
+        found.append(Signal.FROZEN_CONFIG)
     if any(m in text for m in TIMEOUT_MARKS):
-        found.append("timeout")
+        found.append(Signal.TIMEOUT)
     if CRASH_MARK in text:
-        found.append("crash")
+        found.append(Signal.CRASH)
     return found
 
 
@@ -477,7 +485,7 @@ class CapsafeRun:
             )
             if leak:
                 row["env_leak"] = leak
-                row["signals"] = [*signals, "env-leak"]
+                row["signals"] = [*signals, Signal.ENV_LEAK]
         self.writer.write(row)
 
     def _controller_saw(self, report: pytest.TestReport, worker: str, records: str) -> None:
@@ -500,7 +508,7 @@ class CapsafeRun:
             "worker": worker,
             "index": index,
             "pid": self._worker_pid(records, worker),
-            "signals": ["crash"],
+            "signals": [Signal.CRASH],
             "message": _crash_line(report.longreprtext),
             "details": bounded_details(report.longreprtext),
             "start": getattr(report, "start", now - report.duration),

@@ -20,7 +20,7 @@ Last, every capture-unsafe test is rerun beside the same neighbours with
 `--capsafe-protect=FRAMEWORKS` (`--protect`: `auto`, the integrations whose framework
 the suite's interpreter finds; `none`; or names), R times, batched by the same rule:
 a test that passes every batched rerun survived; one that failed in a batch gets R
-alone reruns, and those decide (harness.protect.ProtectedRuns holds the verdict).
+alone reruns, and those decide (report.protection.ProtectedRuns holds the verdict).
 """
 
 from __future__ import annotations
@@ -37,13 +37,14 @@ from typing import Any, Protocol
 
 from ..plugin import neighbors as nb
 from ..plugin import order
-from ..plugin.protect import FRAMEWORKS, ProtectedRuns
+from ..plugin.protect import FRAMEWORKS
 from ..plugin.protect import OPTION as PROTECT_OPTION
+from ..records import Signal
+from ..report.protection import ProtectedRuns
 from ..verdicts import attribution as attr
-from ..verdicts.classify import Attempt, attempts
+from ..verdicts.fold import Attempt, attempts
 from .options import SweepError
 
-CAPTURE_SIGNAL = "capture-invalidated"
 NEIGHBOR_CALLS_OPTION = "--capsafe-neighbor-calls"
 AUTO, NO_PROTECTION = "auto", "none"  # the `--protect` choices besides integration names
 
@@ -96,7 +97,7 @@ class CaptureEvidence:
 
 
 def capture_failure(attempt: Attempt) -> bool:
-    return attempt.failed and CAPTURE_SIGNAL in attempt.signals
+    return attempt.failed and Signal.CAPTURE_INVALIDATED in attempt.signals
 
 
 def _outcomes(tests: Sequence[str], found: dict[tuple[str, str], Attempt]) -> attr.Outcomes:
@@ -136,7 +137,7 @@ class CapturePhases:
             ev = self._of(nodeid)
             if neighbors:
                 ev.neighbor_runs += 1
-                ev.capture_failures += failed and CAPTURE_SIGNAL in signals
+                ev.capture_failures += failed and Signal.CAPTURE_INVALIDATED in signals
             elif batched:
                 ev.batch_control_passes += not failed
                 ev.batch_control_failures += failed

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from ..plugin import gpus
 from ..report import placement
-from ..verdicts import classify
+from ..verdicts import catalogue
+from ..verdicts.evidence import VERIFY_TIMES
 from . import capture_sweep, termination
 from . import phases as sweep
 from .executors import EXECUTORS, make_executor
@@ -46,10 +47,8 @@ example (nightly):
 
 
 def _epilog() -> str:
-    classes = "\n".join(f"  {rule.name:<16} {rule.evidence}" for rule in classify.RULES)
-    return EPILOG.format(
-        k=sweep.VERIFY_TIMES, classes=classes, interrupted=termination.EXIT_CODE_HELP
-    )
+    classes = "\n".join(catalogue.help_lines())
+    return EPILOG.format(k=VERIFY_TIMES, classes=classes, interrupted=termination.EXIT_CODE_HELP)
 
 
 class _SweepParser(argparse.ArgumentParser):

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..plugin.collection import Collected, read_collected
-from ..verdicts import classify as cl
+from ..verdicts import fold
 from .options import SweepError, SweepOptions
 from .phases import (
     STATE_FILE,
@@ -186,7 +186,7 @@ class MergedSweep(Sweep):
                 self._take(result)
                 if label in counted:
                     nodeid, rerun = counted[label]
-                    attempts = {a.nodeid: a for (run, _), a in cl.attempts(result.rows).items()
+                    attempts = {a.nodeid: a for (run, _), a in fold.attempts(result.rows).items()
                                 if run == label}  # fmt: skip
                     failed, signals = target_outcome(attempts.get(nodeid), result.returncode)
                     self.count_alone(nodeid, rerun, failed, signals, label)

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..verdicts.catalogue import Verdict
 from . import cli as sweep_cli
 from . import merge, termination
 from . import phases as sweep
@@ -44,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="the --out of every shard, 1/N to N/N, in any order")  # fmt: skip
     parser.add_argument("--no-run", action="store_true",
                         help="run nothing: a test whose verdict needs a rerun or search is "
-                        "unverified")  # fmt: skip
+                        f"{Verdict.UNVERIFIED}")  # fmt: skip
     parser.add_argument(
         "--force",
         action="store_true",

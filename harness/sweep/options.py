@@ -45,15 +45,15 @@ class SweepOptions:
 
     def identity(self) -> dict[str, object]:
         """The options a resumed sweep must share with the one it continues."""
-        return {
-            "paths": [str(p) for p in self.paths],
-            "seed": self.seed,
-            "runs": self.runs,
-            "workers": self.workers,
-            "timeout": self.timeout,
-            "isolation_runs": self.isolation_runs,
-            "neighbors": self.neighbors,
-            "threads": self.threads,
-            "pytest_args": list(self.pytest_args),
-            "shard": None if self.shard is None else str(self.shard),
-        }
+        return dict(  # keywords: these are the options' names
+            paths=[str(p) for p in self.paths],
+            seed=self.seed,
+            runs=self.runs,
+            workers=self.workers,
+            timeout=self.timeout,
+            isolation_runs=self.isolation_runs,
+            neighbors=self.neighbors,
+            threads=self.threads,
+            pytest_args=list(self.pytest_args),
+            shard=None if self.shard is None else str(self.shard),
+        )

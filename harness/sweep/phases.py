@@ -45,13 +45,13 @@ from typing import Any
 
 from ..plugin import order, phase_times
 from ..plugin.collection import Collected
-from ..records import Record, load_records
+from ..records import Record, Signal, load_records
 from ..report import gpu_report, history
 from ..report import render as report
 from ..report.summary import SearchRecord, Summary, TestVerdict
-from ..verdicts import classify as cl
-from ..verdicts import stats
-from ..verdicts.classify import Evidence
+from ..verdicts import catalogue, fold, stats
+from ..verdicts.catalogue import Verdict, why
+from ..verdicts.evidence import VERIFY_TIMES, Evidence
 from . import capture_sweep, search, termination
 from .options import SweepError, SweepOptions
 from .runner import (
@@ -78,15 +78,9 @@ __all__ = [
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 MAX_PREFIXES = 2  # failing (or passing) runs whose prefix a search tries before widening
-VERIFY_TIMES = 3  # K: a cause is reported only when it reproduces K times, and K times not without
 SHUFFLES = ("global", "module")  # run k uses SHUFFLES[(k - 1) % 2]
 STATE_FILE = "sweep.json"
-BUDGET_CUT = "--budget ran out before its verdict was verified"
 SHARD_VIEW = "a shard's partial view: its reruns and searches are left to `capsafe merge`"
-NEVER_RAN = (
-    "never ran: every suite run ended before reaching it (a crash, kill or hang earlier "
-    "in the run: see the notes and raw/run-*.log)"
-)
 SWEEP_FILES = (STATE_FILE, "raw", "replays", "records.jsonl", "tests.csv", "summary.json",
                "report.md", "report.html")  # fmt: skip
 """What a sweep writes into --out: all that --force removes."""
@@ -131,7 +125,7 @@ class Sweep:
         self.run_ids: list[str] = []
         self.seeds: list[int] = []
         self.shuffles: list[str] = []
-        self.run_attempts: dict[tuple[str, str], cl.Attempt] = {}
+        self.run_attempts: dict[tuple[str, str], fold.Attempt] = {}
         self.evidence: dict[str, Evidence] = {}
         self.collected: tuple[str, ...] = ()
         self.searches: list[SearchRecord] = []
@@ -272,7 +266,7 @@ class Sweep:
         fact = facts.get(label, {})
         stalled = bool(fact.get("stalled", False))
         rows, malformed = load_records(self.raw / label)
-        rows += cl.unfinished_rows(
+        rows += fold.unfinished_rows(
             rows, stalled_after=self.options.stall_limit if stalled else None
         )
         return ProcessResult(label, int(fact.get("returncode", 0)), rows, stalled,
@@ -300,7 +294,7 @@ class Sweep:
         self.seeds.append(seed)
         self.shuffles.append(shuffle)
         self._take(result)
-        found = cl.attempts(result.rows)
+        found = fold.attempts(result.rows)
         if finished:
             self._check_suite_exit(result, found.values())
         self.run_attempts.update(found)
@@ -313,7 +307,7 @@ class Sweep:
             if attempt.failed and not ev.message:
                 ev.message = attempt.message
 
-    def _check_suite_exit(self, result: ProcessResult, found: Iterable[cl.Attempt]) -> None:
+    def _check_suite_exit(self, result: ProcessResult, found: Iterable[fold.Attempt]) -> None:
         """A suite run pytest calls failed while every test in it passed (a raising session
         hook, a hang after the last test, `--cov-fail-under`): no test's verdict says so,
         so the sweep's does (pytest's exit code is never greener than the sweep's)."""
@@ -355,7 +349,7 @@ class Sweep:
 
     def _stall_text(self, result: ProcessResult) -> str:
         limit = self.options.stall_limit
-        cut = cl.STALLED_MESSAGE.format(seconds=limit)
+        cut = fold.STALLED_MESSAGE.format(seconds=limit)
         inside = sorted({r["nodeid"] for r in result.rows if r.get("message") == cut})
         where = (f"in {', '.join(inside)}, recorded as timed out" if inside else
                  "outside any test (in start-up, collection, between tests or after the "
@@ -669,14 +663,14 @@ class Sweep:
         """parallel-unsafe: it failed only beside other workers, and its worker's sequence
         replayed in one process with no other process alive passes K times."""
         fails = [a for a in self.run_attempts.values() if a.nodeid == nodeid and a.failed]
-        beside = [(a, cl.concurrent_with(self.run_attempts, a)) for a in fails]
+        beside = [(a, fold.concurrent_with(self.run_attempts, a)) for a in fails]
         if self.options.workers < 2 or not fails or not all(others for _, others in beside):
             return
         ev = self._ev(nodeid)
         if ev.ever_failed_alone:
             return
         first = fails[0]
-        sequence = cl.process_sequence(self.run_attempts, first)
+        sequence = fold.process_sequence(self.run_attempts, first)
         for _ in range(VERIFY_TIMES):
             if not self._budget_left():
                 return
@@ -734,9 +728,9 @@ class Sweep:
         if screened is not None:
             yield screened
         for attempt in mine[:MAX_PREFIXES]:
-            yield attempt.seed, cl.process_sequence(self.run_attempts, attempt)
+            yield attempt.seed, fold.process_sequence(self.run_attempts, attempt)
         for attempt in mine[:1]:
-            yield attempt.seed, cl.run_sequence(self.run_attempts, attempt)
+            yield attempt.seed, fold.run_sequence(self.run_attempts, attempt)
         if nodeid in self.collected:  # the project's own order
             yield None, list(self.collected[: self.collected.index(nodeid)])
         others = [n for n in self.collected if n != nodeid]
@@ -777,7 +771,7 @@ class Sweep:
         exclusive: bool = False,
         label: str = "",
         group: object = None,
-    ) -> tuple[dict[str, cl.Attempt], int]:
+    ) -> tuple[dict[str, fold.Attempt], int]:
         """Run `sequence` in one fresh process: (each test's attempt by id, exit code)."""
         if self.runner.stopping.is_set():
             raise KeyboardInterrupt
@@ -792,7 +786,7 @@ class Sweep:
             self.bar.total += len(sequence)
         result = self.runner.run(label, cmd, exclusive=exclusive, group=group)
         self._take(result)
-        found = {a.nodeid: a for (run, _), a in cl.attempts(result.rows).items() if run == label}
+        found = {a.nodeid: a for (run, _), a in fold.attempts(result.rows).items() if run == label}
         return found, result.returncode
 
     def _width(self) -> int:
@@ -862,18 +856,20 @@ class Sweep:
         for nodeid in sorted(self.evidence):
             ev = self.evidence[nodeid]
             ev.capture_unsafe = self.capture.capture_unsafe(nodeid)
-            verdict = cl.classify(ev)
+            verdict = catalogue.classify(ev)
             replay = ""
-            if verdict not in ("pass", "error"):
-                sequence = [*ev.polluters, nodeid] if verdict == "order-dependent" else [nodeid]
+            if verdict not in (Verdict.PASS, Verdict.ERROR):
+                sequence = (
+                    [*ev.polluters, nodeid] if verdict == Verdict.ORDER_DEPENDENT else [nodeid]
+                )
                 replay_file = replays_dir / f"{_slug(nodeid)}.txt"
                 order.write_replay(replay_file, sequence)
                 replay = self.runner.replay_command(replay_file.resolve(), sequence)
             low, high = stats.wilson_interval(ev.failures, ev.runs)
             rate = stats.flake_rate(ev.failures, ev.runs)
-            seen = verdict != "pass" and ev.ran
+            seen = verdict != Verdict.PASS and ev.ran
             chance = round(1 - (1 - rate) ** runs, 6) if seen else None
-            unsafe = verdict == "capture-unsafe"
+            unsafe = verdict == Verdict.CAPTURE_UNSAFE
             tests.append(TestVerdict(
                 nodeid=nodeid, classification=verdict,
                 why=self.capture.why(nodeid) if unsafe else why(verdict, ev, self.no_searches),
@@ -883,7 +879,7 @@ class Sweep:
                 polluters=ev.polluters, state_setters=ev.state_setters,
                 unconfirmed=ev.unconfirmed, concurrent=ev.concurrent,
                 collides_with=ev.collides_with,
-                signals=sorted(ev.signals), message=ev.message if verdict != "pass" else "",
+                signals=sorted(ev.signals), message=ev.message if verdict != Verdict.PASS else "",
                 replay=replay, capture=self.capture.test_fields(nodeid, replay) if unsafe else None,
             ))  # fmt: skip
         return tests
@@ -908,7 +904,7 @@ class Sweep:
             runs=len(self.run_ids), workers=o.workers, seeds=self.seeds,
             shuffles=self.shuffles, backend=requested_backend(),
             duration_s=round(time.monotonic() - self.started, 3), tests=tests,
-            counts={c: sum(t.classification == c for t in tests) for c in cl.CLASSES},
+            counts={c: sum(t.classification == c for t in tests) for c in catalogue.CLASSES},
             searches=self.searches, notes=self.notes, ddmin_cap=search.DDMIN_CAP,
             verify_times=VERIFY_TIMES,
             phase_times=phase_times.summary_times(self.clock, self.raw, self.rows),
@@ -980,41 +976,6 @@ def _explained_test(job: tuple[str, ...]) -> str | None:
     return None if job[0] == "screen" else job[-1]
 
 
-def why(verdict: str, ev: Evidence, not_run: str = "") -> str:
-    """The evidence behind a verdict, in words that agree with its numbers (`not_run`: why
-    the sweep ran no searches, when it ran none)."""
-    k = VERIFY_TIMES
-    ran = f"failed {ev.failures} of {ev.runs} suite runs"
-    alone = f"{ev.isolation_failures} of {ev.isolation_runs} alone"
-    if verdict == "error":
-        return "could not be collected"
-    if verdict == "pass":
-        return f"passed {ev.runs} of {ev.runs} suite runs"
-    if not ev.ran:
-        return NEVER_RAN
-    if verdict == "unverified" and not (not_run or ev.budget_cut or ev.isolation_runs):
-        return f"{ran}; it could not be rerun alone (see the alone-*.log files in raw/)"
-    if verdict == "unverified":
-        return f"{ran}; failed {alone}; {not_run or BUDGET_CUT}"
-    if verdict == "brittle":
-        return (f"fails alone ({alone}); passes after {' + '.join(ev.state_setters)} "
-                f"({k} of {k}); {ran}")  # fmt: skip
-    if verdict == "order-dependent":
-        return (f"fails after {' + '.join(ev.polluters)} ({k} of {k}); failed {alone}; "
-                f"{ran}")  # fmt: skip
-    if verdict == "parallel-unsafe":
-        text = (f"{ran}, each beside other workers; failed {alone} and 0 of {k} in its "
-                f"worker's sequence replayed; ran at the same time as {len(ev.concurrent)} "
-                f"test(s): {', '.join(ev.concurrent[:5])}")  # fmt: skip
-        if ev.collides_with:
-            return f"{text}; fails {k} of {k} run beside {ev.collides_with[0]} alone"
-        return f"{text}; none of them alone made it fail {k} of {k}"
-    text = f"{ran}; failed {alone}"
-    if verdict == "flaky" and ev.unconfirmed:
-        text += f"; cause unconfirmed: {' + '.join(ev.unconfirmed)} did not reproduce {k} times"
-    return text
-
-
 def cause_of(test: TestVerdict) -> str:
     """The cause column of the console summary."""
     if test.polluters:
@@ -1026,7 +987,7 @@ def cause_of(test: TestVerdict) -> str:
     if test.concurrent:
         return "beside " + ", ".join(test.concurrent[:3]) + (" ..." if len(test.concurrent) > 3
                                                               else "")  # fmt: skip
-    if test.classification == "error":
+    if test.classification == Verdict.ERROR:
         return test.message.strip().splitlines()[-1] if test.message.strip() else ""
     return test.why
 
@@ -1034,11 +995,11 @@ def cause_of(test: TestVerdict) -> str:
 def console_lines(result: SweepResult) -> list[str]:
     """The end of the console output: the worst tests (class, test, cause), then the verdict."""
     bad = report.worst_first([t.__dict__ for t in result.summary.tests])
-    shown = [t for t in bad if t["classification"] != "pass"][:WORST_SHOWN]
+    shown = [t for t in bad if t["classification"] != Verdict.PASS][:WORST_SHOWN]
     by_id = {t.nodeid: t for t in result.summary.tests}
     lines = [f"  {t['classification']:<16} {t['nodeid']}  {cause_of(by_id[t['nodeid']])}"
              for t in shown]  # fmt: skip
-    more = sum(t.classification != "pass" for t in result.summary.tests) - len(shown)
+    more = sum(t.classification != Verdict.PASS for t in result.summary.tests) - len(shown)
     if more > 0:
         lines.append(f"  ... and {more} more in the report")
     return [*lines, result.reason]
@@ -1050,7 +1011,7 @@ def shuffle_of(k: int) -> str:
 
 
 def target_outcome(
-    attempt: cl.Attempt | None, returncode: int
+    attempt: fold.Attempt | None, returncode: int
 ) -> tuple[bool | None, frozenset[str]]:
     """A replayed test's (failed?, signals) from its attempt and its process's exit code;
     failed is None when it did not run at all (not collected, usage error)."""
@@ -1058,7 +1019,7 @@ def target_outcome(
         return attempt.failed, attempt.signals
     if returncode in PYTEST_NO_RUN:
         return None, frozenset()
-    return True, frozenset({"crash"})  # the process died before the test reported: a crash
+    return True, frozenset({Signal.CRASH})  # the process died before the test reported: a crash
 
 
 def requested_backend() -> str:
@@ -1074,14 +1035,14 @@ def _progress_bar(enabled: bool) -> Any:
                 disable=not enabled, leave=False, dynamic_ncols=True)  # fmt: skip
 
 
-def _cell(attempt: cl.Attempt) -> str:
+def _cell(attempt: fold.Attempt) -> str:
     if not attempt.failed:
-        return "pass"
-    if "crash" in attempt.signals:
-        return "crash"
-    if "timeout" in attempt.signals:
-        return "timeout"
-    return "fail"
+        return report.Cell.PASSED
+    if Signal.CRASH in attempt.signals:
+        return report.Cell.CRASH
+    if Signal.TIMEOUT in attempt.signals:
+        return report.Cell.TIMEOUT
+    return report.Cell.FAILED
 
 
 def _slug(nodeid: str) -> str:
@@ -1092,7 +1053,7 @@ def _slug(nodeid: str) -> str:
 def _outcome(
     summary: Summary, baseline: frozenset[str], interrupted: bool, out: Path, collected: bool
 ) -> SweepResult:
-    bad = [t for t in summary.tests if t.classification != "pass"]
+    bad = [t for t in summary.tests if t.classification != Verdict.PASS]
     found = [t for t in bad if t.nodeid not in baseline]
     quarantined = len(bad) - len(found)
     where = f"report: {out / 'report.html'}"
@@ -1105,7 +1066,7 @@ def _outcome(
     suite = report.suite_errors_text(summary.suite_errors, summary.runs)
     if found:
         by_class = Counter(t.classification for t in found)
-        kinds = ", ".join(f"{by_class[c]} {c}" for c in cl.CLASSES if by_class[c])
+        kinds = ", ".join(f"{by_class[c]} {c}" for c in catalogue.CLASSES if by_class[c])
         also = f"; {suite}" if suite else ""
         return SweepResult(summary, EXIT_FOUND,
                            f"{len(found)} not passing ({kinds}){also}; {where}")  # fmt: skip

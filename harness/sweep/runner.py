@@ -38,8 +38,8 @@ from pathlib import Path
 from ..plugin import order
 from ..plugin.collection import COLLECT_OUT_ENV, PLUGIN, Collected, read_collected
 from ..plugin.gpus import VISIBLE, as_spec
-from ..records import Record, load_records
-from ..verdicts import classify as cl
+from ..records import Record, Signal, load_records
+from ..verdicts import fold
 from .executor import SWEEP_SHARED_ENV, SWEEP_TMP_ENV, Executor, Launch
 from .executors import make_executor
 from .optional_plugins import quiet_plugin_args
@@ -288,10 +288,12 @@ class Runner:
         rows, malformed = load_records(records)
         if end.interrupted:
             raise Interrupted(
-                ProcessResult(label, end.returncode, cl.finished_rows(rows), False, log, malformed)
+                ProcessResult(
+                    label, end.returncode, fold.finished_rows(rows), False, log, malformed
+                )
             )
         stall = self.options.stall_limit if end.stalled else None
-        added = cl.unfinished_rows(rows, stalled_after=stall)
+        added = fold.unfinished_rows(rows, stalled_after=stall)
         if end.lost:
             added = [{**row, "message": end.lost, "details": end.lost} for row in added]
             added = added or _lost_replay_row(cmd, rows, label, end.lost, devices)
@@ -319,7 +321,7 @@ def _lost_replay_row(
             return [{
                 "nodeid": nodeid, "phase": "call", "outcome": "failed", "duration": 0.0,
                 "run_id": label, "seed": None, "worker": "main", "index": index, "pid": 0,
-                "signals": ["crash"], "message": why, "details": why, "start": now,
+                "signals": [Signal.CRASH], "message": why, "details": why, "start": now,
                 "stop": now, "time": now, "gpu": devices[0] if len(devices) == 1 else "",
             }]  # fmt: skip
     return []
