@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from capsafe_harness.sweep.phases import SweepOptions, run_seeds, run_sweep, suite_root
-from capsafe_harness.sweep.runner import last_line
+from capsafe_harness.sweep.options import SweepOptions
+from capsafe_harness.sweep.phases import run_seeds
+from capsafe_harness.sweep.run import run_sweep
+from capsafe_harness.sweep.runner import last_line, suite_root
 
 FAST = ("--", "-p", "no:run-parallel", "-p", "no:hypothesispytest")  # lighter test processes
 REPORT_FILES = ("records.jsonl", "tests.csv", "summary.json", "report.md", "report.html")

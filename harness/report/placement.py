@@ -11,9 +11,7 @@ them and counts attempts and failures per GPU for summary.json's `placement`;
 from __future__ import annotations
 
 import html
-import json
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 from ..records import Record, fold_outcome
@@ -94,12 +92,9 @@ def html_section(section: Mapping[str, Any] | None) -> str:
     )
 
 
-def console_line(summary_file: Path) -> str | None:
-    """One line for the end of the console when some test failed on one GPU only."""
-    try:
-        section = json.loads(summary_file.read_text(encoding="utf-8")).get("placement")
-    except (OSError, ValueError):
-        return None
+def console_line(section: Mapping[str, Any] | None) -> str | None:
+    """One line for the end of the console when some test failed on one GPU only
+    (`section`: the summary's `placement`)."""
     findings = section["findings"] if section else []
     if not findings:
         return None

@@ -64,8 +64,6 @@ def write_reports(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rows = list(rows)
-    if by_gpu := placement.placement_section(rows):  # a --gpus sweep: failures by GPU
-        summary = {**summary, "placement": by_gpu}
     with open(out / "records.jsonl", "w", encoding="utf-8") as f:
         for row in rows:
             f.write(to_json(row) + "\n")

@@ -68,6 +68,12 @@ class Summary:
     shard: str = ""  # "K/N" for a shard's partial view (harness.shard); "" otherwise
     # suite runs pytest failed with every test passing: run_id, returncode, message, log
     suite_errors: list[dict[str, Any]] = field(default_factory=list)
+    # failures by GPU (report.placement), only when some test process was pinned to one
+    placement: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """summary.json's content (no `placement` key when no process was pinned)."""
+        data = asdict(self)
+        if data["placement"] is None:
+            del data["placement"]
+        return data

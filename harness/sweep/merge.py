@@ -28,16 +28,9 @@ from typing import Any
 from ..plugin.collection import Collected, read_collected
 from ..verdicts import fold
 from .options import SweepError, SweepOptions
-from .phases import (
-    STATE_FILE,
-    Sweep,
-    SweepResult,
-    describe_error,
-    prepare_out,
-    read_state,
-    target_outcome,
-)
+from .phases import Sweep, SweepResult, target_outcome
 from .shard import Shard, parse_shard
+from .state import STATE_FILE, describe_error, prepare_out, read_state
 
 NOT_RUN = "`capsafe merge --no-run`: the reruns or searches its verdict needs were not run"
 LOCAL = ("shared", "collected.json", "collect.log")  # in a shard's raw/, not evidence to copy

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from ..verdicts.catalogue import Verdict
 from . import cli as sweep_cli
-from . import merge, termination
-from . import phases as sweep
+from . import console, merge, phases, termination
+from .options import SweepError
 
 EPILOG = """\
 exit codes:
@@ -64,13 +64,13 @@ def main(args: argparse.Namespace) -> int:
                 args.out, args.shards, no_run=args.no_run, force=args.force, budget=budget,
                 baseline=baseline, progress=not args.no_progress,
             )  # fmt: skip
-    except sweep.SweepError as exc:
+    except SweepError as exc:
         print(f"capsafe merge: {exc}", file=sys.stderr)
-        return sweep.EXIT_USAGE
+        return phases.EXIT_USAGE
     except KeyboardInterrupt:  # a second Ctrl-C, while the partial report was being written
         print(f"capsafe merge: interrupted; the report in {args.out} may be incomplete",
               file=sys.stderr)  # fmt: skip
-        return sweep.EXIT_INTERRUPTED
-    for line in sweep.console_lines(result):
+        return phases.EXIT_INTERRUPTED
+    for line in console.console_lines(result):
         print(f"capsafe merge: {line}" if line == result.reason else line, file=sys.stderr)
     return result.exit_code

@@ -33,7 +33,6 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -46,7 +45,7 @@ from typing import Any
 from ..plugin import order, phase_times
 from ..plugin.collection import Collected
 from ..records import Record, Signal, load_records
-from ..report import gpu_report, history
+from ..report import gpu_report, history, placement
 from ..report import render as report
 from ..report.summary import SearchRecord, Summary, TestVerdict
 from ..verdicts import catalogue, fold, stats
@@ -56,35 +55,19 @@ from . import capture_sweep, search, termination
 from .options import SweepError, SweepOptions
 from .runner import (
     PYTEST_NO_RUN,
-    SWEEP_SHARED_ENV,
-    SWEEP_TMP_ENV,
     Interrupted,
     ProcessResult,
     Runner,
+    killed_in,
     last_line,
-    suite_root,
 )
 from .shard import stable_hash
-
-__all__ = [
-    "SWEEP_SHARED_ENV",
-    "SWEEP_TMP_ENV",
-    "SweepError",
-    "SweepOptions",
-    "run_seeds",
-    "run_sweep",
-    "suite_root",
-]
+from .state import STATE_FILE, describe_error, read_state
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 MAX_PREFIXES = 2  # failing (or passing) runs whose prefix a search tries before widening
 SHUFFLES = ("global", "module")  # run k uses SHUFFLES[(k - 1) % 2]
-STATE_FILE = "sweep.json"
 SHARD_VIEW = "a shard's partial view: its reruns and searches are left to `capsafe merge`"
-SWEEP_FILES = (STATE_FILE, "raw", "replays", "records.jsonl", "tests.csv", "summary.json",
-               "report.md", "report.html")  # fmt: skip
-"""What a sweep writes into --out: all that --force removes."""
-WORST_SHOWN = 10  # tests the console lists at the end
 MAX_BESIDE = 4  # concurrent tests a parallel-unsafe test is run beside, most overlapping first
 
 
@@ -266,11 +249,12 @@ class Sweep:
         fact = facts.get(label, {})
         stalled = bool(fact.get("stalled", False))
         rows, malformed = load_records(self.raw / label)
+        inside = killed_in(rows) if stalled else ()
         rows += fold.unfinished_rows(
             rows, stalled_after=self.options.stall_limit if stalled else None
         )
         return ProcessResult(label, int(fact.get("returncode", 0)), rows, stalled,
-                             self.raw / f"{label}.log", malformed)  # fmt: skip
+                             self.raw / f"{label}.log", malformed, inside)  # fmt: skip
 
     def _write_state(self) -> None:
         """sweep.json: the options and runs done, and what --resume and `capsafe merge` need
@@ -349,8 +333,7 @@ class Sweep:
 
     def _stall_text(self, result: ProcessResult) -> str:
         limit = self.options.stall_limit
-        cut = fold.STALLED_MESSAGE.format(seconds=limit)
-        inside = sorted({r["nodeid"] for r in result.rows if r.get("message") == cut})
+        inside = result.killed_in
         where = (f"in {', '.join(inside)}, recorded as timed out" if inside else
                  "outside any test (in start-up, collection, between tests or after the "
                  "last one)")  # fmt: skip
@@ -910,6 +893,7 @@ class Sweep:
             phase_times=phase_times.summary_times(self.clock, self.raw, self.rows),
             shard="" if o.shard is None else str(o.shard), suite_errors=self.suite_errors,
         )  # fmt: skip
+        summary.placement = placement.placement_section(self.rows)
         summary.gpu = gpu_report.gpu_section(
             [t.__dict__ for t in tests], self.rows, capture_sweep.neighbor_summary(self.raw)
         )
@@ -966,7 +950,7 @@ class Sweep:
             states = []
             for run_id in self.run_ids:
                 a = self.run_attempts.get((run_id, nodeid))
-                states.append("none" if a is None else _cell(a))
+                states.append(report.Cell.NOT_RUN if a is None else _cell(a))
             grid[nodeid] = states
         return grid
 
@@ -974,35 +958,6 @@ class Sweep:
 def _explained_test(job: tuple[str, ...]) -> str | None:
     """The test a search job would explain (None for a module's screen)."""
     return None if job[0] == "screen" else job[-1]
-
-
-def cause_of(test: TestVerdict) -> str:
-    """The cause column of the console summary."""
-    if test.polluters:
-        return "after " + " + ".join(test.polluters)
-    if test.state_setters:
-        return "passes after " + " + ".join(test.state_setters)
-    if test.collides_with:
-        return "collides with " + ", ".join(test.collides_with)
-    if test.concurrent:
-        return "beside " + ", ".join(test.concurrent[:3]) + (" ..." if len(test.concurrent) > 3
-                                                              else "")  # fmt: skip
-    if test.classification == Verdict.ERROR:
-        return test.message.strip().splitlines()[-1] if test.message.strip() else ""
-    return test.why
-
-
-def console_lines(result: SweepResult) -> list[str]:
-    """The end of the console output: the worst tests (class, test, cause), then the verdict."""
-    bad = report.worst_first([t.__dict__ for t in result.summary.tests])
-    shown = [t for t in bad if t["classification"] != Verdict.PASS][:WORST_SHOWN]
-    by_id = {t.nodeid: t for t in result.summary.tests}
-    lines = [f"  {t['classification']:<16} {t['nodeid']}  {cause_of(by_id[t['nodeid']])}"
-             for t in shown]  # fmt: skip
-    more = sum(t.classification != Verdict.PASS for t in result.summary.tests) - len(shown)
-    if more > 0:
-        lines.append(f"  ... and {more} more in the report")
-    return [*lines, result.reason]
 
 
 def shuffle_of(k: int) -> str:
@@ -1075,61 +1030,3 @@ def _outcome(
     if suite:
         return SweepResult(summary, EXIT_FOUND, f"{passing}, but {suite}; {where}")
     return SweepResult(summary, EXIT_OK, f"{passing}; {where}")
-
-
-def read_baseline(path: str | os.PathLike[str]) -> frozenset[str]:
-    """Quarantined node ids: a replay-style list whose lines may also end in ' # comment'."""
-    ids = (line.split(" #", 1)[0].strip() for line in order.read_replay(path))
-    return frozenset(nodeid for nodeid in ids if nodeid)
-
-
-def describe_error(exc: BaseException) -> str:
-    """The reason alone ("Permission denied"), for a one-line message that names the path."""
-    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-
-
-def holds_sweep(out: Path) -> bool:
-    return out.is_dir() and any((out / name).exists() for name in SWEEP_FILES)
-
-
-def prepare_out(out: Path, *, resume: bool = False, force: bool = False) -> None:
-    """Create the report directory and prove it writable now, not after an hour of runs.
-    An --out that holds a sweep is refused unless resuming it or starting over (--force,
-    which removes only what a sweep writes). SweepError with the reason otherwise."""
-    if holds_sweep(out) and not (resume or force):
-        raise SweepError(f"--out {out} holds a sweep already: --resume to continue it, "
-                         "--force to start over, or another --out")  # fmt: skip
-    if resume and not (out / STATE_FILE).is_file():
-        raise SweepError(f"--resume: --out {out} holds no sweep to continue")
-    try:
-        if force and not resume:
-            for name in SWEEP_FILES:
-                target = out / name
-                if target.is_dir() and not target.is_symlink():
-                    shutil.rmtree(target)
-                elif target.exists() or target.is_symlink():
-                    target.unlink()
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out):
-            pass
-    except OSError as exc:
-        raise SweepError(f"cannot write reports into --out {out}: {describe_error(exc)}") from None
-
-
-def read_state(out: Path) -> dict[str, Any]:
-    """sweep.json of the sweep in `out` (OSError, ValueError when unreadable)."""
-    state = json.loads((out / STATE_FILE).read_text(encoding="utf-8"))
-    if not isinstance(state, dict):
-        raise ValueError("not a JSON object")
-    return state
-
-
-def resumed_options(out: Path) -> dict[str, Any]:
-    """The options the sweep in `out` ran with (for --resume to check against)."""
-    return dict(read_state(out)["options"])
-
-
-def run_sweep(options: SweepOptions) -> SweepResult:
-    """Run one whole sweep and write its reports into options.out."""
-    prepare_out(options.out, resume=options.resume, force=options.force)
-    return Sweep(options).execute()

@@ -72,6 +72,12 @@ class ProcessResult:
     stalled: bool
     log: Path
     malformed: int = 0  # record lines that could not be read (skipped, counted in the notes)
+    killed_in: tuple[str, ...] = ()  # the tests a stalled process was in when it was killed
+
+
+def killed_in(rows: Sequence[Record]) -> tuple[str, ...]:
+    """The tests a process was in when it was killed: set up, never torn down."""
+    return tuple(sorted({group[0]["nodeid"] for group in fold.unfinished(rows)}))
 
 
 class Interrupted(KeyboardInterrupt):
@@ -293,11 +299,14 @@ class Runner:
                 )
             )
         stall = self.options.stall_limit if end.stalled else None
+        inside = killed_in(rows) if end.stalled and not end.lost else ()
         added = fold.unfinished_rows(rows, stalled_after=stall)
         if end.lost:
             added = [{**row, "message": end.lost, "details": end.lost} for row in added]
             added = added or _lost_replay_row(cmd, rows, label, end.lost, devices)
-        return ProcessResult(label, end.returncode, rows + added, end.stalled, log, malformed)
+        return ProcessResult(
+            label, end.returncode, rows + added, end.stalled, log, malformed, inside
+        )
 
     def kill_all(self) -> None:
         self.stopping.set()

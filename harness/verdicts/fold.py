@@ -67,7 +67,7 @@ def _failed(row: Record) -> bool:
     return row["outcome"] == "failed" or bool({Signal.CRASH, Signal.TIMEOUT} & set(row["signals"]))
 
 
-def _unfinished(rows: Sequence[Record]) -> list[list[Record]]:
+def unfinished(rows: Sequence[Record]) -> list[list[Record]]:
     """Each test's rows in one process where setup was seen and teardown never was."""
     by_test: dict[tuple[str, str, int], list[Record]] = {}
     for row in rows:
@@ -93,7 +93,7 @@ def unfinished_rows(rows: Sequence[Record], *, stalled_after: float | None = Non
         else STALLED_MESSAGE.format(seconds=stalled_after)
     )
     added: list[Record] = []
-    for group in _unfinished(rows):
+    for group in unfinished(rows):
         last = max(group, key=lambda r: r["time"])
         signals = sorted({*last["signals"], signal})
         added.append(
@@ -105,7 +105,7 @@ def unfinished_rows(rows: Sequence[Record], *, stalled_after: float | None = Non
 
 def finished_rows(rows: Sequence[Record]) -> list[Record]:
     """`rows` without the tests that were cut off mid-run (by Ctrl-C: no verdict on them)."""
-    cut = {id(r) for group in _unfinished(rows) for r in group}
+    cut = {id(r) for group in unfinished(rows) for r in group}
     return [r for r in rows if id(r) not in cut]
 
 
