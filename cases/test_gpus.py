@@ -22,6 +22,7 @@ from capsafe_harness.plugin import gpus
 from capsafe_harness.records import from_json, read_records, to_json
 from capsafe_harness.report import placement
 from capsafe_harness.sweep.executor import SWEEP_SHARED_ENV, SWEEP_TMP_ENV
+from capsafe_harness.verdicts import fold
 
 FAST = ["-p", "no:run-parallel", "-p", "no:hypothesispytest", "-p", "no:cacheprovider"]
 
@@ -129,7 +130,11 @@ def test_sweep_pins_every_process_and_reports_the_gpu_finding(suite, tmp_path):
 def test_failures_on_one_gpu_only_are_a_placement_finding():
     def row(nodeid, run, pid, gpu, outcome):
         return {"nodeid": nodeid, "phase": "call", "outcome": outcome, "run_id": run,
-                "pid": pid, "gpu": gpu}  # fmt: skip
+                "pid": pid, "gpu": gpu, "signals": [], "time": 0.0, "worker": "main",
+                "index": 0, "seed": None, "message": ""}  # fmt: skip
+
+    def section_of(rows):
+        return placement.placement_section(fold.attempts(rows).values())
 
     rows = [
         row("a", "run-1", 1, "0", "passed"), row("a", "run-2", 2, "3", "failed"),
@@ -137,7 +142,7 @@ def test_failures_on_one_gpu_only_are_a_placement_finding():
         row("b", "run-1", 1, "0", "failed"), row("b", "run-2", 2, "3", "failed"),  # two GPUs
         row("c", "run-1", 1, "3", "failed"),  # never passed elsewhere
     ]  # fmt: skip
-    section = placement.placement_section(rows)  # type: ignore[arg-type]
+    section = section_of(rows)
     assert section is not None
     assert section["findings"] == [
         {"nodeid": "a", "gpu": "3", "failures": 2, "attempts": 2, "passed_on": ["0", "1"]}
@@ -146,7 +151,7 @@ def test_failures_on_one_gpu_only_are_a_placement_finding():
     text = "\n".join(placement.markdown(section))
     assert "| 3 | 4 | 4 |" in text and "`a` failed only on GPU 3" in text
     assert "<code>a</code> failed only on GPU 3" in placement.html_section(section)
-    assert placement.placement_section([{**r, "gpu": ""} for r in rows]) is None  # type: ignore[misc]
+    assert section_of([{**r, "gpu": ""} for r in rows]) is None
 
 
 def _env() -> dict[str, str]:

@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd  # type: ignore[import-untyped]
 
 from ..records import OUTCOMES, Record
+from ..verdicts import fold
 from ..verdicts.catalogue import Verdict
 
 ENV_LEAKS_SHOWN = 10  # distinct (variable, before, after) changes kept per test
@@ -42,6 +43,7 @@ def outcomes_by_test(rows: Iterable[Record]) -> pd.DataFrame:
     that outcome and a message (a failure, a skip or xfail reason); env_leaks: the
     distinct [variable, before, after] it left changed.
     """
+    rows = list(rows)
     frame = pd.DataFrame.from_records(
         [{k: r.get(k) for k in _RECORD_COLUMNS} for r in rows], columns=list(_RECORD_COLUMNS)
     )
@@ -49,7 +51,9 @@ def outcomes_by_test(rows: Iterable[Record]) -> pd.DataFrame:
     if frame.empty:
         return pd.DataFrame(columns=columns).rename_axis("nodeid")
     frame["rank"] = frame["outcome"].map(_RANK).fillna(len(OUTCOMES) - 1).astype(int)
-    attempts = frame.groupby(["nodeid", "run_id"], sort=False)["rank"].min().reset_index()
+    attempts = pd.DataFrame(
+        [{"nodeid": a.nodeid, "rank": _RANK[a.outcome]} for a in fold.attempts(rows).values()]
+    )
     worst = attempts.groupby("nodeid", sort=False)["rank"].min()
     counts = attempts.groupby(["nodeid", "rank"], sort=False).size().sort_index(level=1)
     per_test: dict[str, dict[str, int]] = {}

@@ -893,7 +893,7 @@ class Sweep:
             phase_times=phase_times.summary_times(self.clock, self.raw, self.rows),
             shard="" if o.shard is None else str(o.shard), suite_errors=self.suite_errors,
         )  # fmt: skip
-        summary.placement = placement.placement_section(self.rows)
+        summary.placement = placement.placement_section(fold.attempts(self.rows).values())
         summary.gpu = gpu_report.gpu_section(
             [t.__dict__ for t in tests], self.rows, capture_sweep.neighbor_summary(self.raw)
         )

@@ -2,8 +2,10 @@
 
 A test's rows in one process (setup, call, teardown, plus the xdist controller's
 crash row) collapse into one `Attempt`: it failed when any phase failed, or when a
-crash or timeout signal is on any of its rows. Every reader that asks "did this test
-fail here" (the evidence, the replays' outcomes, the heat map) asks an `Attempt`.
+crash or timeout signal is on any of its rows; its outcome is the first of the record
+format's OUTCOMES among its phases. Every reader that asks "did this test fail here, and
+how" (the evidence, the replays' outcomes, the heat map, failures by GPU, the per-test
+outcome column) asks an `Attempt`.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ..records import Record, Signal
+from ..records import Outcome, Record, Signal, fold_outcome
 
 UNFINISHED_MESSAGE = "the test process died while this test ran"
 STALLED_MESSAGE = "the test process made no progress for {seconds:g}s and was killed"
@@ -32,6 +34,8 @@ class Attempt:
     seed: int | None
     message: str
     stop: float = 0.0  # when its last phase ended: with `start`, who ran at the same time
+    outcome: Outcome = "passed"  # what pytest said of it: the first of OUTCOMES among its phases
+    gpu: str = ""  # the one device its process was pinned to, "" if none
 
 
 def attempts(rows: Iterable[Record]) -> dict[tuple[str, str], Attempt]:
@@ -60,6 +64,8 @@ def _fold(rows: list[Record]) -> Attempt:
         seed=first["seed"],
         message=next((r["message"] for r in failing if r["message"]), ""),
         stop=max(float(r.get("stop", r["time"])) for r in rows),
+        outcome=fold_outcome(r["outcome"] for r in rows),
+        gpu=next((r["gpu"] for r in rows if r.get("gpu")), ""),
     )
 
 
