@@ -9,13 +9,9 @@ import pytest
 from capsafe.integrations import NAMES
 from capsafe_harness.plugin import phase_times
 from capsafe_harness.plugin.protect import FRAMEWORKS
-from capsafe_harness.sweep.capture_sweep import (
-    CaptureEvidence,
-    CapturePhases,
-    neighbor_args,
-    protect_choice,
-)
+from capsafe_harness.sweep.capture_sweep import CapturePhases, neighbor_args, protect_choice
 from capsafe_harness.sweep.options import SweepError
+from capsafe_harness.verdicts.evidence import CaptureEvidence
 from capsafe_harness.verdicts.fold import Attempt
 
 BREAKS = {"cap": {"ctx_sync", "memset_sync"}}  # what breaks each capture-unsafe test

@@ -31,7 +31,6 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -42,6 +41,7 @@ from ..plugin.protect import OPTION as PROTECT_OPTION
 from ..records import Signal
 from ..report.protection import ProtectedRuns
 from ..verdicts import attribution as attr
+from ..verdicts.evidence import CaptureEvidence, Evidence
 from ..verdicts.fold import Attempt, attempts
 from .options import SweepError
 
@@ -68,34 +68,6 @@ class Host(Protocol):
         """The integrations whose framework the suite's interpreter finds (`--protect auto`)."""
 
 
-@dataclass
-class CaptureEvidence:
-    """One test's runs split by neighbours: capture failures with, and the control without.
-
-    Control runs alone decide. A batched control run is evidence only when it passed; one
-    that failed sends the test to alone reruns, and from then on only those decide.
-    """
-
-    neighbor_runs: int = 0
-    capture_failures: int = 0
-    control_runs: int = 0  # alone, without neighbours
-    control_failures: int = 0
-    batch_control_passes: int = 0
-    batch_control_failures: int = 0
-
-    @property
-    def suspect(self) -> bool:
-        return self.capture_failures > 0
-
-    @property
-    def capture_unsafe(self) -> bool:
-        if not self.suspect or self.control_failures:
-            return False
-        if self.batch_control_failures:
-            return self.control_runs > 0
-        return self.control_runs + self.batch_control_passes > 0
-
-
 def capture_failure(attempt: Attempt) -> bool:
     return attempt.failed and Signal.CAPTURE_INVALIDATED in attempt.signals
 
@@ -114,17 +86,20 @@ def _outcomes(tests: Sequence[str], found: dict[tuple[str, str], Attempt]) -> at
 class CapturePhases:
     """The capture evidence of one sweep, the batched reruns and the attribution."""
 
-    def __init__(self, neighbors: int, calls: Sequence[str] = ()) -> None:
+    def __init__(
+        self, neighbors: int, calls: Sequence[str] = (), store: dict[str, Evidence] | None = None
+    ) -> None:
+        """`store`: the sweep's one evidence store, whose `capture` parts these phases fill."""
         self.neighbors = neighbors
         self.calls = tuple(calls) or (nb.issued_calls() if neighbors else ())
-        self.evidence: dict[str, CaptureEvidence] = {}
+        self.store: dict[str, Evidence] = {} if store is None else store
         self.attributions: dict[str, attr.Attribution] = {}
         self.attribution_processes = 0
         self.protection: dict[str, ProtectedRuns] = {}
         self._lock = threading.Lock()
 
     def _of(self, nodeid: str) -> CaptureEvidence:
-        return self.evidence.setdefault(nodeid, CaptureEvidence())
+        return self.store.setdefault(nodeid, Evidence(nodeid)).capture
 
     def saw(self, attempt: Attempt, *, neighbors: bool, batched: bool = False) -> None:
         """Count one attempt, from a process with or without neighbour threads."""
@@ -146,7 +121,7 @@ class CapturePhases:
                 ev.control_failures += failed
 
     def capture_unsafe(self, nodeid: str) -> bool:
-        found = self.evidence.get(nodeid)
+        found = self.store.get(nodeid)
         return found is not None and found.capture_unsafe
 
     # -- isolation --------------------------------------------------------------
@@ -220,7 +195,7 @@ class CapturePhases:
     def protect(self, host: Host, choice: str, runs: int, seeds: Sequence[int]) -> None:
         """Rerun every capture-unsafe test with neighbours and `--capsafe-protect`, `runs`
         times, batched first (see the module doc); `choice` is the `--protect` value."""
-        tests = sorted(n for n in self.evidence if self.capture_unsafe(n))
+        tests = sorted(n for n in list(self.store) if self.capture_unsafe(n))
         if not tests:
             return
         if choice == NO_PROTECTION:

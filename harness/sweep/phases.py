@@ -119,7 +119,7 @@ class Sweep:
         self._sibling_trials: set[tuple[str, ...]] = set()  # (module, cause...) screened
         self._screen_prefixes: dict[str, tuple[int | None, list[str]]] = {}  # what a screen ran
         self._screen_searched: set[str] = set()  # tests searched from their screen's prefix
-        self.capture = capture_sweep.CapturePhases(options.neighbors)
+        self.capture = capture_sweep.CapturePhases(options.neighbors, store=self.evidence)
         self.clock = phase_times.SweepClock()
         self.neighbors_problem = ""  # why neighbour threads could not start (exit 2)
         self.suite_errors: list[dict[str, Any]] = []  # runs pytest failed with no test failing
@@ -355,7 +355,7 @@ class Sweep:
         if o.shard is None:
             failing = self.capture.isolate(host, failing, runs, batch_seeds, o.seed)
         else:
-            suspects = {n for n, found in self.capture.evidence.items() if found.suspect}
+            suspects = {n for n, ev in list(self.evidence.items()) if ev.capture.suspect}
             failing = [n for n in failing if o.shard.owns(n, o.seed) and n not in suspects]
         extra_args = self.capture.alone_args()
         jobs = [(n, i) for n in failing for i in range(runs) if (n, i) not in self.alone_done]
@@ -838,7 +838,6 @@ class Sweep:
             self._note_unmatched_ids(unreached, ran - set(self.collected))
         for nodeid in sorted(self.evidence):
             ev = self.evidence[nodeid]
-            ev.capture_unsafe = self.capture.capture_unsafe(nodeid)
             verdict = catalogue.classify(ev)
             replay = ""
             if verdict not in (Verdict.PASS, Verdict.ERROR):
