@@ -4,7 +4,7 @@
 reads first: the neighbour threads (or why they could not start) with their own
 driver errors per call kind, each capture-unsafe test with the call kinds that
 break it, what that says about its capture mode and how to fix it, whether it
-survived its reruns with `--capsafe-protect` (harness.capture_sweep), and the replay
+survived its reruns with `--capsafe-protect` (harness.sweep.capture_sweep), and the replay
 line reproducing it; frozen-config violations with each variable's frozen and
 current value; `CUDA_*`/`CAPSAFE_*` variables tests left changed.
 `markdown` and `html` render it for report.md and report.html.

@@ -7,7 +7,7 @@ flake rate and 95 % interval, the cause found for each and its failure message
 (first lines, the whole output in a fold), the run-by-test heat map, the tests
 that were skipped, xfailed or xpassed, the environment variables tests left
 changed, the polluter -> victim pairs, the searches and the trend across sweeps.
-The per-test table behind all of it is built in harness.tables (pandas).
+The per-test table behind all of it is built in harness.report.tables (pandas).
 """
 
 from __future__ import annotations

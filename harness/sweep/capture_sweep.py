@@ -1,12 +1,12 @@
 """The sweep's capture-safety part: the `capture-unsafe` evidence, its isolation reruns and
 the hazard attribution, for a sweep run with `--neighbors`.
 
-A test is capture-unsafe when it failed with a capture error (harness.capture_errors)
+A test is capture-unsafe when it failed with a capture error (harness.plugin.capture_errors)
 in some process that had neighbour threads, and passed in every process without
 them (at least one). The sweep gets that control evidence itself: isolation
 reruns alternate without and with neighbours. Such a failure is caused by the
 neighbours, not by another test, so capture-unsafe tests never go to a polluter
-or state-setter search; instead each goes to attribution (harness.attribution).
+or state-setter search; instead each goes to attribution (harness.verdicts.attribution).
 
 Process counts are what a GPU suite's sweep costs (each pytest process imports the
 framework and initializes CUDA), so the reruns of the tests that failed with a

@@ -1,4 +1,4 @@
-"""`capsafe sweep`: the command line over harness.sweep.
+"""`capsafe sweep`: the command line over harness.sweep.run.
 
 Arguments after `--` go to every pytest process untouched. argparse itself
 cannot tell them apart from paths (it drops the `--` and merges both into one

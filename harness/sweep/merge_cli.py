@@ -1,4 +1,4 @@
-"""`capsafe merge`: the command line over harness.merge."""
+"""`capsafe merge`: the command line over harness.sweep.merge."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`capsafe sweep`: run a suite many ways, explain every failure, write the report.
 
-Phases, each a method, each a set of pytest subprocesses (harness.runner):
+Phases, each a method, each a set of pytest subprocesses (harness.sweep.runner):
 0. collection: the node ids exactly as `pytest --collect-only -q` prints them, and
    every collection error (class `error`);
 1. runs: the whole suite N times under xdist, a different seed each, alternating a
@@ -9,18 +9,19 @@ Phases, each a method, each a set of pytest subprocesses (harness.runner):
    alone beside other reruns is confirmed with no other test process alive;
 3. searches: for a test that fails in the suite but never alone, replay what ran
    before it to find the polluter; for one that fails alone but passes in the
-   suite, the state-setter (harness.search). A cause counts only once verified
+   suite, the state-setter (harness.sweep.search). A cause counts only once verified
    VERIFY_TIMES times each way; a verified cause is then tried on the victim's
    module siblings and on every failing test. A test that failed only beside other
    workers and passes when its worker's sequence is replayed is `parallel-unsafe`;
-4. classification (harness.classify) and reports (harness.report, harness.history).
+4. classification (harness.verdicts.catalogue) and reports (harness.report.render,
+   harness.report.history).
 
-Ctrl-C (or SIGTERM, SIGHUP: harness.termination) and an exhausted --budget both stop new
+Ctrl-C (or SIGTERM, SIGHUP: harness.sweep.termination) and an exhausted --budget both stop new
 work and still write the report.
 An --out holds one sweep: sweep.json names its options, the runs done, each process's
 exit and which alone rerun counts, so --resume can continue it. `Sweep.phases` lists
-the phases a sweep drives: a shard (--shard K/N, harness.shard) does its runs and its
-alone reruns and no searches; `capsafe merge` (harness.merge) loads the shards' records
+the phases a sweep drives: a shard (--shard K/N, harness.sweep.shard) does its runs and its
+alone reruns and no searches; `capsafe merge` (harness.sweep.merge) loads the shards' records
 in place of the first phases and drives the rest.
 """
 
@@ -245,7 +246,7 @@ class Sweep:
 
     def reload(self, label: str, facts: Mapping[str, Any]) -> ProcessResult:
         """A finished process's result from its records, with sweep.json's facts about it
-        (exit code, killed stalled): what harness.runner made of it when it ran."""
+        (exit code, killed stalled): what harness.sweep.runner made of it when it ran."""
         fact = facts.get(label, {})
         stalled = bool(fact.get("stalled", False))
         rows, malformed = load_records(self.raw / label)
@@ -344,7 +345,7 @@ class Sweep:
         """Rerun every failing test alone, `isolation_runs` times; rerun i adds
         `extra_args[i % len(extra_args)]` to its pytest command (with --neighbors: without
         and with them in turn). Capture-error failures are rerun batched first
-        (harness.capture_sweep), with their attribution on the same pool. A shard reruns
+        (harness.sweep.capture_sweep), with their attribution on the same pool. A shard reruns
         only the tests of its bucket and leaves the capture reruns, which need every run's
         evidence, to the merge; reruns already done (loaded from shards) are not redone."""
         o = self.options

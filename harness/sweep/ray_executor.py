@@ -1,6 +1,6 @@
 """`capsafe sweep --executor ray`: each pytest process a Ray task, on one machine or a cluster.
 
-The task runs the very command the local executor would (harness.executor's
+The task runs the very command the local executor would (harness.sweep.executor's
 `WatchedProcess`, stall watchdog included) on whichever node Ray picks, so every node
 needs this checkout and this Python at the same paths (or a shared filesystem). The
 command's records directory and the replay file it reads are mapped to a scratch

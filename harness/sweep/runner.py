@@ -1,6 +1,6 @@
 """The sweep's test processes: pytest command lines, each process run by an executor.
 
-Every process runs through the sweep's executor (harness.executor: this machine by
+Every process runs through the sweep's executor (harness.sweep.executor: this machine by
 default, or Ray) in its own session under a stall watchdog: one that writes nothing
 for `stall_limit` seconds is killed and the test it was in is recorded as timed out,
 so a hang never stops the sweep. One the executor lost (a Ray node died, twice) has
@@ -8,7 +8,7 @@ the test it was in recorded as crashed. `kill_all` (Ctrl-C, an exception in a wo
 thread) kills every live process at once.
 
 With `--gpus`, a process with xdist workers gets the whole device list (the plugin pins
-each worker, harness.gpus) and a single process one device, round-robin.
+each worker, harness.plugin.gpus) and a single process one device, round-robin.
 
 pytest runs where `capsafe sweep` was invoked when the paths lie under it (as
 `pytest PATH` does), so suites that open files relative to the repository root
