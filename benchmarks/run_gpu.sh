@@ -66,13 +66,13 @@ step cupy_sweep $PY benchmarks/cupy_sweep.py --suite .gpu/cupy-v14.2.0 --out "$O
 # test the unprotected sweep classifies capture-unsafe must pass in the protected one.
 step bench_integrations $PY benchmarks/integrations.py
 step cupy_same bash -c 'cd .gpu/cupy-v14.2.0 && o() { $0 -m pytest tests/cupy_tests/cuda_tests/test_graph.py tests/cupy_tests/cuda_tests/test_stream.py -q -rA -p no:cacheprovider "$@" | grep -E "^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) " | cut -d" " -f1-2 | sort; }; a=$(o -p no:capsafe); b=$(o --capsafe-protect=cupy); diff <(echo "$a") <(echo "$b") && echo "identical outcomes without capsafe and with --capsafe-protect=cupy: $(echo "$a" | wc -l) tests"' "$PY"
-step sweep_cupy_graph bash -c 'capsafe sweep .gpu/cupy-v14.2.0/tests/cupy_tests/cuda_tests/test_graph.py --runs 2 --workers 2 --seed 3 --isolation-runs 2 --neighbors 2 --timeout 60 --no-progress --protect cupy --out "$0/sweep_cupy_graph"; r=$?; "$1" -m capsafe_harness.protect "$0/sweep_cupy_graph"; [ $r -le 1 ]' "$OUT" "$PY"
+step sweep_cupy_graph bash -c 'capsafe sweep .gpu/cupy-v14.2.0/tests/cupy_tests/cuda_tests/test_graph.py --runs 2 --workers 2 --seed 3 --isolation-runs 2 --neighbors 2 --timeout 60 --no-progress --protect cupy --out "$0/sweep_cupy_graph"; r=$?; "$1" -m capsafe_harness.report.protection "$0/sweep_cupy_graph"; [ $r -le 1 ]' "$OUT" "$PY"
 step sweep_cupy_graph_protected bash -c 'capsafe sweep .gpu/cupy-v14.2.0/tests/cupy_tests/cuda_tests/test_graph.py --runs 2 --workers 2 --seed 3 --isolation-runs 2 --neighbors 2 --timeout 60 --no-progress --out "$0/sweep_cupy_graph_protected" -- --capsafe-protect=cupy; [ $? -le 1 ]' "$OUT"
-step protect_cupy $PY -m capsafe_harness.protect "$OUT/sweep_cupy_graph" "$OUT/sweep_cupy_graph_protected"
+step protect_cupy $PY -m capsafe_harness.report.protection "$OUT/sweep_cupy_graph" "$OUT/sweep_cupy_graph_protected"
 step cuda_core_same bash -c 'o() { $0 -m pytest repro/suites/cuda_core_capture -q -rA -p no:cacheprovider "$@" | grep -E "^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) " | cut -d" " -f1-2 | sort; }; a=$(o -p no:capsafe); b=$(o --capsafe-protect=cuda_core); diff <(echo "$a") <(echo "$b") && echo "identical outcomes without capsafe and with --capsafe-protect=cuda_core: $(echo "$a" | wc -l) tests"' "$PY"
 step sweep_cuda_core bash -c 'capsafe sweep repro/suites/cuda_core_capture --runs 2 --workers 2 --seed 3 --isolation-runs 2 --neighbors 2 --timeout 30 --no-progress --out "$0/sweep_cuda_core"; [ $? -le 1 ]' "$OUT"
 step sweep_cuda_core_protected capsafe sweep repro/suites/cuda_core_capture --runs 2 --workers 2 --seed 3 --isolation-runs 2 --neighbors 2 --timeout 30 --no-progress --out "$OUT/sweep_cuda_core_protected" -- --capsafe-protect=cuda_core
-step protect_cuda_core $PY -m capsafe_harness.protect "$OUT/sweep_cuda_core" "$OUT/sweep_cuda_core_protected"
+step protect_cuda_core $PY -m capsafe_harness.report.protection "$OUT/sweep_cuda_core" "$OUT/sweep_cuda_core_protected"
 
 echo "failed steps: ${failed[*]:-none}" | tee "$OUT/failed.txt"
 [ ${#failed[@]} -eq 0 ]

@@ -18,13 +18,25 @@ import json
 import logging
 import os
 from collections.abc import Iterable
+from enum import StrEnum
 from pathlib import Path
 from typing import IO, Literal, NotRequired, TypedDict
 
 log = logging.getLogger("capsafe.harness")
 
 PHASES = ("setup", "call", "teardown")
-SIGNALS = ("capture-invalidated", "frozen-config", "env-leak", "timeout", "crash")
+
+
+class Signal(StrEnum):
+    """Every signal a record can carry (written and compared as its string)."""
+
+    CAPTURE_INVALIDATED = "capture-invalidated"  # the failure text names a capture error
+    FROZEN_CONFIG = "frozen-config"  # capsafe's frozen configuration was changed
+    ENV_LEAK = "env-leak"  # a watched environment variable was left changed
+    TIMEOUT = "timeout"  # pytest-timeout, or the sweep's watchdog, stopped the test
+    CRASH = "crash"  # the test's process died while it ran
+
+
 MESSAGE_LINES = 5  # `message`: the first lines of the failure ...
 MESSAGE_LIMIT = 500  # ... and at most this many characters of them
 DETAILS_LIMIT = 8000  # `details`: the whole report text, its last characters when longer
@@ -49,7 +61,7 @@ class Record(TypedDict):
     index: int  # 0-based position of the test in its process's sequence
     pid: int
     signals: list[str]
-    env_leak: NotRequired[dict[str, list[str | None]]]  # only with the "env-leak" signal
+    env_leak: NotRequired[dict[str, list[str | None]]]  # only with Signal.ENV_LEAK
     message: str  # first lines of the failure or skip reason, "" when it passed
     details: str  # the full report text (traceback), bounded; "" when it passed
     start: float  # unix time the phase started ...

@@ -15,7 +15,7 @@ from capsafe.errors import BackendUnavailable, CaptureInvalidated
 from capsafe.gate import gate
 from capsafe.handles import CaptureMode
 from capsafe.hazard_actions import BY_NAME
-from capsafe_harness import neighbors as nb
+from capsafe_harness.plugin import neighbors as nb
 from capsafe_harness.records import Record, read_records
 
 pytest_plugins = ["pytester"]

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from capsafe_harness import optional_plugins
-from capsafe_harness.optional_plugins import quiet_plugin_args
+from capsafe_harness.sweep import optional_plugins
+from capsafe_harness.sweep.optional_plugins import quiet_plugin_args
 
 
 @pytest.fixture

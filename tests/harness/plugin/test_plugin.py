@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from capsafe_harness import order
+from capsafe_harness.plugin import order
 from capsafe_harness.records import (
     DETAILS_LIMIT,
     MESSAGE_LIMIT,
@@ -262,6 +262,44 @@ def test_crashed_worker_gets_a_crash_row(
     assert crash["message"].startswith("worker 'gw0' crashed while running")
     (setup,) = [r for r in rows if r["nodeid"] == crash["nodeid"] and r["phase"] == "setup"]
     assert crash["pid"] == setup["pid"] and crash["run_id"] == setup["run_id"]
+
+
+def test_worker_crashes_come_from_xdists_hook_with_the_dead_workers_pid(
+    pytester: pytest.Pytester, tmp_path: Path, run_lean: RunLean
+) -> None:
+    """Each test that kills its own worker (os._exit, SIGKILL) gets one crash row, with the
+    pid of the process it died in (the replacement worker's for the second); a test whose
+    failure merely quotes xdist's crash line is an ordinary failure, not a crash."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    pytester.makepyfile(
+        test_die=f"""
+import os, pathlib, signal
+def _note(name):
+    pathlib.Path({str(pids)!r}, name).write_text(str(os.getpid()))
+def test_a_exit():
+    _note("test_a_exit")
+    os._exit(3)
+def test_b_sigkill():
+    _note("test_b_sigkill")
+    os.kill(os.getpid(), signal.SIGKILL)
+def test_c_quotes():
+    assert False, "worker 'gw7' crashed while running 'x.py::y'"
+"""
+    )
+    records = tmp_path / "records"
+    result = run_lean("-n", "1", "--capsafe-seed=0", "--capsafe-shuffle=none",
+                      f"--capsafe-records={records}")  # fmt: skip
+    result.assert_outcomes(failed=3)
+    rows = read_records(records)
+    crashes = {r["nodeid"].split("::")[1]: r for r in rows if "crash" in r["signals"]}
+    assert sorted(crashes) == ["test_a_exit", "test_b_sigkill"]
+    for name, crash in crashes.items():
+        assert crash["pid"] == int((pids / name).read_text()), name
+        assert crash["outcome"] == "failed" and crash["phase"] == "call"
+    assert crashes["test_a_exit"]["pid"] != crashes["test_b_sigkill"]["pid"]
+    quoted = [r for r in rows if r["nodeid"].endswith("test_c_quotes")]
+    assert quoted and all(r["signals"] == [] for r in quoted)
 
 
 def test_neighbors_break_raw_captures_not_gated_ones(

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from capsafe_harness import classify
-from capsafe_harness.order import shuffled
+from capsafe_harness.plugin.order import shuffled
+from capsafe_harness.verdicts import catalogue
 
 SUITES = Path(__file__).resolve().parents[3] / "repro" / "suites"
 NAMES = sorted(p.name for p in SUITES.iterdir() if (p / "answer_key.json").exists())
-CLASSES = set(classify.CLASSES)
+CLASSES = set(catalogue.CLASSES)
 SIGNALS = {"capture-invalidated", "frozen-config", "env-leak", "timeout", "crash"}
 
 
@@ -58,7 +58,7 @@ def test_answer_key_names_collected_tests(name: str) -> None:
 def test_key_sweep_puts_the_cause_first_in_some_run(name: str) -> None:
     """With the key's sweep settings (one process per run), at least one run orders the
     polluter or state-setter before its test, so the key's answer is reachable."""
-    from capsafe_harness.sweep import run_seeds
+    from capsafe_harness.sweep.phases import run_seeds
 
     suite = SUITES / name
     key = json.loads((suite / "answer_key.json").read_text())

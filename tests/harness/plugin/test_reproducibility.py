@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from capsafe_harness import order
+from capsafe_harness.plugin import order
+from capsafe_harness.plugin.schedule import deal
+from capsafe_harness.plugin.seeding import seed32
 from capsafe_harness.records import Record, read_records
-from capsafe_harness.schedule import deal
-from capsafe_harness.seeding import seed32
 
 pytest_plugins = ["pytester"]
 RunLean = Callable[..., pytest.RunResult]

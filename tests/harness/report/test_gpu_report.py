@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from capsafe_harness import gpu_report
+from capsafe_harness.report import gpu_report
 
 FROZEN = (
     "FrozenConfigError: configuration 'runtime' changed after it froze at x.py:3:\n"

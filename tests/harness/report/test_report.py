@@ -11,9 +11,15 @@ from typing import Any, cast
 
 import pytest
 
-from capsafe_harness import history, tables
 from capsafe_harness.records import Record
-from capsafe_harness.report import pairs, render_html, render_markdown, search_bound, write_reports
+from capsafe_harness.report import history, tables
+from capsafe_harness.report.render import (
+    pairs,
+    render_html,
+    render_markdown,
+    search_bound,
+    write_reports,
+)
 
 SUITE = "/home/me/proj/tests"
 
@@ -64,12 +70,12 @@ TESTS = [
           replay="r"),
 ]  # fmt: skip
 GRID = {
-    "t.py::test_ok": ["pass"] * 4,
-    "t.py::test_victim": ["pass", "fail", "fail", "pass"],
-    "t.py::test_polluter": ["pass"] * 4,
-    "t.py::test_needs_setup": ["fail", "fail", "pass", "fail"],
+    "t.py::test_ok": ["passed"] * 4,
+    "t.py::test_victim": ["passed", "failed", "failed", "passed"],
+    "t.py::test_polluter": ["passed"] * 4,
+    "t.py::test_needs_setup": ["failed", "failed", "passed", "failed"],
     "t.py::test_boom[<b>]": ["crash", "crash", "crash", "crash"],
-    "t.py::test_coin": ["pass", "timeout", "pass", "none"],
+    "t.py::test_coin": ["passed", "timeout", "passed", "none"],
 }
 RUNS = ["run-1", "run-2", "run-3", "run-4"]
 
@@ -113,7 +119,7 @@ def test_html_sorts_worst_first_and_shows_causes_and_heat_map() -> None:
 
 def test_all_passing_page_says_so() -> None:
     tests = [entry("a.py::t"), entry("a.py::u")]
-    page = render_html(summary(tests), {"a.py::t": ["pass"] * 4}, RUNS, [])
+    page = render_html(summary(tests), {"a.py::t": ["passed"] * 4}, RUNS, [])
     assert "All 2 tests pass." in page
     assert "Polluter" not in page
 

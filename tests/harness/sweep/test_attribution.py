@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterator
 from capsafe import hazards
 from capsafe.handles import CaptureMode, StreamKind
 from capsafe.hazard_actions import BY_NAME
-from capsafe_harness import attribution as attr
-from capsafe_harness.neighbors import issued_calls
+from capsafe_harness.plugin.neighbors import issued_calls
+from capsafe_harness.verdicts import attribution as attr
 
 KINDS = issued_calls()
 LEGACY = ["memcpy_htod_sync", "memcpy_dtoh_sync", "memset_sync", "memset_async_legacy"]

@@ -10,16 +10,12 @@ from typing import Any
 import pytest
 
 from capsafe.integrations import NAMES
-from capsafe_harness import phase_times
-from capsafe_harness.capture_sweep import (
-    CaptureEvidence,
-    CapturePhases,
-    neighbor_args,
-    protect_choice,
-)
-from capsafe_harness.classify import Attempt
-from capsafe_harness.options import SweepError
-from capsafe_harness.protect import FRAMEWORKS
+from capsafe_harness.plugin import phase_times
+from capsafe_harness.plugin.protect import FRAMEWORKS
+from capsafe_harness.sweep.capture_sweep import CapturePhases, neighbor_args, protect_choice
+from capsafe_harness.sweep.options import SweepError
+from capsafe_harness.verdicts.evidence import CaptureEvidence
+from capsafe_harness.verdicts.fold import Attempt
 
 BREAKS = {"cap": {"ctx_sync", "memset_sync"}}  # what breaks each capture-unsafe test
 UNPROTECTABLE = {"bypass"}  # tests that still break with --capsafe-protect

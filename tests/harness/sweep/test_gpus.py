@@ -14,14 +14,16 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import pytest
 from pinning_suite import seen, write_suite
 
-from capsafe_harness import gpus, placement
-from capsafe_harness.executor import SWEEP_SHARED_ENV, SWEEP_TMP_ENV
+from capsafe_harness.plugin import gpus
 from capsafe_harness.records import Record, from_json, read_records, to_json
+from capsafe_harness.report import placement
+from capsafe_harness.sweep.executor import SWEEP_SHARED_ENV, SWEEP_TMP_ENV
+from capsafe_harness.verdicts import fold
 
 FAST = ["-p", "no:run-parallel", "-p", "no:hypothesispytest", "-p", "no:cacheprovider"]
 
@@ -130,9 +132,12 @@ def test_sweep_pins_every_process_and_reports_the_gpu_finding(suite: Path, tmp_p
 
 def test_failures_on_one_gpu_only_are_a_placement_finding() -> None:
     def row(nodeid: str, run: str, pid: int, gpu: str, outcome: str) -> Record:
-        """The fields placement reads, no more."""
         return cast(Record, {"nodeid": nodeid, "phase": "call", "outcome": outcome, "run_id": run,
-                "pid": pid, "gpu": gpu})  # fmt: skip
+                "pid": pid, "gpu": gpu, "signals": [], "time": 0.0, "worker": "main",
+                "index": 0, "seed": None, "message": ""})  # fmt: skip
+
+    def section_of(rows: list[Record]) -> dict[str, Any] | None:
+        return placement.placement_section(fold.attempts(rows).values())
 
     rows = [
         row("a", "run-1", 1, "0", "passed"), row("a", "run-2", 2, "3", "failed"),
@@ -140,7 +145,7 @@ def test_failures_on_one_gpu_only_are_a_placement_finding() -> None:
         row("b", "run-1", 1, "0", "failed"), row("b", "run-2", 2, "3", "failed"),  # two GPUs
         row("c", "run-1", 1, "3", "failed"),  # never passed elsewhere
     ]  # fmt: skip
-    section = placement.placement_section(rows)
+    section = section_of(rows)
     assert section is not None
     assert section["findings"] == [
         {"nodeid": "a", "gpu": "3", "failures": 2, "attempts": 2, "passed_on": ["0", "1"]}
@@ -149,7 +154,7 @@ def test_failures_on_one_gpu_only_are_a_placement_finding() -> None:
     text = "\n".join(placement.markdown(section))
     assert "| 3 | 4 | 4 |" in text and "`a` failed only on GPU 3" in text
     assert "<code>a</code> failed only on GPU 3" in placement.html_section(section)
-    assert placement.placement_section([{**r, "gpu": ""} for r in rows]) is None
+    assert section_of([{**r, "gpu": ""} for r in rows]) is None
 
 
 def _env() -> dict[str, str]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from capsafe.integrations import _patch
-from capsafe_harness import protect
+from capsafe_harness.report import protection as protect
 
 pytest_plugins = ["pytester"]
 FAKES = Path(__file__).resolve().parents[2] / "core" / "test_integrations_cupy.py"
@@ -130,7 +130,7 @@ def test_a_capture_left_open_by_a_test_is_released_after_it(
 def test_importing_the_integrations_imports_no_framework() -> None:
     code = (
         "import sys, capsafe.integrations.cupy, capsafe.integrations.cuda_core, "
-        "capsafe_harness.protect, capsafe_harness.plugin\n"
+        "capsafe_harness.plugin.protect, capsafe_harness.plugin\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'cupy' "
         "or m.startswith('cuda.core')))"
     )
@@ -233,7 +233,7 @@ def test_sweeps_of_the_cuda_core_suite_without_and_with_protection(tmp_path: Pat
     )
     assert protected.returncode == 0
     out = subprocess.run(
-        [sys.executable, "-m", "capsafe_harness.protect", str(tmp_path / "bare"),
+        [sys.executable, "-m", "capsafe_harness.report.protection", str(tmp_path / "bare"),
          str(tmp_path / "on")],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip

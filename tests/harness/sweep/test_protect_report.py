@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from test_integrations_protect import CAPTURE_TEST, CONFTEST
 
-from capsafe_harness import protect
+from capsafe_harness.report import protection as protect
 
 HOOKED = "test_fake_cupy.py::test_cupy_capture_beside_neighbours"
 BYPASS = "test_fake_cupy.py::test_capture_begun_past_cupy"

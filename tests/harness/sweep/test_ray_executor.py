@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 from pinning_suite import seen, write_suite
 
-from capsafe_harness.executor import Exit, Launch
-from capsafe_harness.options import SweepError, SweepOptions
-from capsafe_harness.order import write_replay
-from capsafe_harness.ray_executor import NOT_INSTALLED, RayExecutor
+from capsafe_harness.plugin.order import write_replay
 from capsafe_harness.records import Phase, Record, read_records, to_json
-from capsafe_harness.runner import Runner
+from capsafe_harness.sweep.executor import Exit, Launch
+from capsafe_harness.sweep.options import SweepError, SweepOptions
+from capsafe_harness.sweep.ray_executor import NOT_INSTALLED, RayExecutor
+from capsafe_harness.sweep.runner import Runner
 
 pytestmark = pytest.mark.ray
 

@@ -9,7 +9,14 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from capsafe_harness.search import CountingOracle, bisect, capped_ddmin, ddmin, grouped, search
+from capsafe_harness.sweep.search import (
+    CountingOracle,
+    bisect,
+    capped_ddmin,
+    ddmin,
+    grouped,
+    search,
+)
 
 
 def needs(

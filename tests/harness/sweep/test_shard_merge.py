@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from capsafe_harness.shard import Shard, bucket, parse_shard, stable_hash
+from capsafe_harness.sweep.shard import Shard, bucket, parse_shard, stable_hash
 
 FAST = ("--", "-p", "no:run-parallel", "-p", "no:hypothesispytest")  # lighter test processes
 SEED = 1  # with it the victim fails only in shard 1's run but is shard 2's to rerun alone

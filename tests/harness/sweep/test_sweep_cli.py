@@ -9,7 +9,7 @@ from typing import NoReturn
 import pytest
 
 from capsafe.cli import main
-from capsafe_harness import sweep
+from capsafe_harness.sweep import run
 
 
 @pytest.fixture
@@ -101,6 +101,6 @@ def test_ctrl_c_outside_the_phases_is_one_line_and_exit_130(
     def interrupted(options: object) -> NoReturn:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sweep, "run_sweep", interrupted)
+    monkeypatch.setattr(run, "run_sweep", interrupted)
     assert main(["sweep", str(suite), "--out", str(suite / "o"), "--no-progress"]) == 130
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("capsafe sweep: interrupted")

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from capsafe.errors import CaptureInvalidated, CudaError
-from capsafe_harness.capture_errors import capture_error, in_text
+from capsafe_harness.plugin.capture_errors import capture_error, in_text
 
 
 class _Status(Exception):

@@ -3,24 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
-from capsafe_harness.classify import (
-    CLASSES,
-    RULES,
-    Evidence,
+from capsafe_harness.records import Record
+from capsafe_harness.verdicts.catalogue import CATALOGUE, CLASSES, classify, docs_table, severity
+from capsafe_harness.verdicts.evidence import Evidence
+from capsafe_harness.verdicts.fold import (
     attempts,
-    classify,
     concurrent_with,
     process_sequence,
     run_sequence,
-    severity,
     unfinished_rows,
 )
-from capsafe_harness.records import Record
-from capsafe_harness.stats import flake_rate, wilson_interval
+from capsafe_harness.verdicts.stats import flake_rate, wilson_interval
 
 
 def row(
@@ -88,8 +86,8 @@ def test_classification_rules(evidence: dict[str, Any], expected: str) -> None:
 
 
 def test_every_class_has_one_rule_and_classes_are_worst_first() -> None:
-    assert sorted(rule.name for rule in RULES) == sorted(CLASSES)
-    assert all(rule.evidence for rule in RULES)
+    assert sorted(c.name for c in CATALOGUE) == sorted(CLASSES)
+    assert all(c.evidence for c in CATALOGUE)
     assert CLASSES[0] == "error" and CLASSES[-1] == "pass"
     assert severity("fail") < severity("flaky") < severity("pass")
 
@@ -198,3 +196,11 @@ def test_wilson_interval_edges() -> None:
     with pytest.raises(ValueError):
         wilson_interval(4, 3)
     assert flake_rate(0, 0) == 0.0
+
+
+def test_docs_class_table_is_the_catalogues() -> None:
+    """docs/harness.md's class table is generated from the catalogue, and kept so."""
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "harness.md").read_text()
+    start = docs.index("| class | example | evidence rule |")
+    shown = docs[start : docs.index("\n\n", start) + 1]
+    assert shown == docs_table(), "regenerate with `python -m capsafe_harness.verdicts.catalogue`"

@@ -1,6 +1,6 @@
 """What pytest collects, as the sweep's first step: the node ids and the collection errors.
 
-Loaded into one `pytest --collect-only` process with `-p capsafe_harness.collection`;
+Loaded into one `pytest --collect-only` process with `-p capsafe_harness.plugin.collection`;
 it writes the collected ids (exactly as `pytest --collect-only -q` prints them,
 since it runs from the same directory with the same arguments) and every file that
 could not be collected, with pytest's message, as JSON to the path in
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 COLLECT_OUT_ENV = "CAPSAFE_COLLECT_OUT"
-PLUGIN = "capsafe_harness.collection"
+PLUGIN = "capsafe_harness.plugin.collection"
 
 
 @dataclass(frozen=True)

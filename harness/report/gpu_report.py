@@ -4,7 +4,7 @@
 reads first: the neighbour threads (or why they could not start) with their own
 driver errors per call kind, each capture-unsafe test with the call kinds that
 break it, what that says about its capture mode and how to fix it, whether it
-survived its reruns with `--capsafe-protect` (harness.capture_sweep), and the replay
+survived its reruns with `--capsafe-protect` (harness.sweep.capture_sweep), and the replay
 line reproducing it; frozen-config violations with each variable's frozen and
 current value; `CUDA_*`/`CAPSAFE_*` variables tests left changed.
 `markdown` and `html` render it for report.md and report.html.
@@ -16,6 +16,9 @@ import html
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from ..records import Signal
+from ..verdicts.catalogue import Verdict
 
 ENV_PREFIXES = ("CUDA_", "CAPSAFE_")
 #: One changed variable in a FrozenConfigError message (capsafe.config.Change.describe).
@@ -31,7 +34,7 @@ def gpu_section(
     frozen: dict[str, dict[str, list[str]]] = {}
     leaks: dict[tuple[str, str], list[str | None]] = {}
     for row in rows:
-        if "frozen-config" in row.get("signals", ()):
+        if Signal.FROZEN_CONFIG in row.get("signals", ()):
             text = f"{row.get('message', '')}\n{row.get('details', '')}"
             for var, was, now in _CHANGE.findall(text):
                 frozen.setdefault(row["nodeid"], {})[var] = [was, now]
@@ -43,7 +46,7 @@ def gpu_section(
         "capture_unsafe": [
             {"nodeid": t["nodeid"], **t["capture"]}
             for t in tests
-            if t["classification"] == "capture-unsafe" and t.get("capture")
+            if t["classification"] == Verdict.CAPTURE_UNSAFE and t.get("capture")
         ],
         "frozen_config": [
             {"nodeid": n, "changes": [_change(v, a, b) for v, (a, b) in sorted(c.items())]}

@@ -14,13 +14,15 @@ from typing import Any
 
 import pandas as pd  # type: ignore[import-untyped]
 
-from .records import OUTCOMES, Record
+from ..records import OUTCOMES, Record
+from ..verdicts import fold
+from ..verdicts.catalogue import Verdict
 
 ENV_LEAKS_SHOWN = 10  # distinct (variable, before, after) changes kept per test
 TESTS_CSV_COLUMNS = (
     "nodeid", "classification", "outcome", "runs", "failures", "flake_rate", "ci_low", "ci_high",
-    "isolation_runs", "isolation_failures", "polluters", "state_setters", "signals", "env_leaks",
-    "message", "replay",
+    "isolation_runs", "isolation_failures", "polluters", "state_setters", "collides_with",
+    "signals", "env_leaks", "message", "replay",
 )  # fmt: skip
 HISTORY_COLUMNS = (
     "suite", "sweep_id", "timestamp", "nodeid", "classification", "runs", "failures",
@@ -41,6 +43,7 @@ def outcomes_by_test(rows: Iterable[Record]) -> pd.DataFrame:
     that outcome and a message (a failure, a skip or xfail reason); env_leaks: the
     distinct [variable, before, after] it left changed.
     """
+    rows = list(rows)
     frame = pd.DataFrame.from_records(
         [{k: r.get(k) for k in _RECORD_COLUMNS} for r in rows], columns=list(_RECORD_COLUMNS)
     )
@@ -48,7 +51,9 @@ def outcomes_by_test(rows: Iterable[Record]) -> pd.DataFrame:
     if frame.empty:
         return pd.DataFrame(columns=columns).rename_axis("nodeid")
     frame["rank"] = frame["outcome"].map(_RANK).fillna(len(OUTCOMES) - 1).astype(int)
-    attempts = frame.groupby(["nodeid", "run_id"], sort=False)["rank"].min().reset_index()
+    attempts = pd.DataFrame(
+        [{"nodeid": a.nodeid, "rank": _RANK[a.outcome]} for a in fold.attempts(rows).values()]
+    )
     worst = attempts.groupby("nodeid", sort=False)["rank"].min()
     counts = attempts.groupby(["nodeid", "rank"], sort=False).size().sort_index(level=1)
     per_test: dict[str, dict[str, int]] = {}
@@ -100,7 +105,7 @@ def per_test_table(
     if frame.empty:
         return []
     joined = frame.join(outcomes.add_prefix("rec_"), on="nodeid")
-    fallback = joined["classification"].map(lambda c: "passed" if c == "pass" else "failed")
+    fallback = joined["classification"].map(lambda c: "passed" if c == Verdict.PASS else "failed")
     joined["outcome"] = joined["rec_outcome"].fillna(fallback)
     if "message" not in joined:
         joined["message"] = ""
@@ -132,8 +137,10 @@ def write_tests_csv(path: str | os.PathLike[str], tests: Sequence[Mapping[str, A
         return
     frame["ci_low"] = frame["flake_rate_ci"].str[0]
     frame["ci_high"] = frame["flake_rate_ci"].str[1]
-    for column in ("polluters", "state_setters", "signals"):
-        frame[column] = frame[column].map(";".join)
+    for column in ("polluters", "state_setters", "collides_with", "signals"):
+        if column not in frame:  # a summary written before the field existed
+            frame[column] = [[] for _ in range(len(frame))]
+        frame[column] = frame[column].map(lambda v: ";".join(v) if isinstance(v, list) else "")
     frame["env_leaks"] = frame["env_leaks"].map(lambda leaks: ";".join(map(env_leak_text, leaks)))
     frame.reindex(columns=list(TESTS_CSV_COLUMNS)).to_csv(path, index=False)
 
@@ -176,7 +183,7 @@ def new_history_rows(
     )
     frame = frame.join(seen, on="nodeid")
     frame[["first_seen", "last_seen"]] = frame[["first_seen", "last_seen"]].fillna("")
-    failing = frame["classification"] != "pass"
+    failing = frame["classification"] != Verdict.PASS.value
     frame.loc[failing & (frame["first_seen"] == ""), "first_seen"] = timestamp
     frame.loc[failing, "last_seen"] = timestamp
     frame = frame.assign(suite=suite, sweep_id=sweep_id, timestamp=timestamp)
@@ -208,7 +215,8 @@ def not_passing_per_sweep(history: Iterable[Mapping[str, str]], limit: int = 30)
     frame = history_frame(history)
     if frame.empty:
         return []
-    bad = (frame["classification"].replace("", "pass") != "pass").groupby(
+    passing = Verdict.PASS.value
+    bad = (frame["classification"].replace("", passing) != passing).groupby(
         frame["sweep_id"], sort=False
     )
     return [int(n) for n in bad.sum().tail(limit).tolist()]

@@ -1,18 +1,9 @@
-"""`--capsafe-protect=cupy,cuda_core`: capsafe's framework integrations in every test process.
-
-Each named integration (`capsafe.integrations.<name>`) is installed once per
-test process (each xdist worker; not the controller, which runs no tests), at
-session start, before any test module is collected. After each test, a capture
-window the test began through a hooked framework call and never ended is
-released with a warning: otherwise its gate stays closed for the rest of the
-session, and every later gated call waits for a capture that is gone.
-
-capsafe is imported only when the option is given.
+"""What a sweep made of capture-unsafe tests rerun with `--capsafe-protect`.
 
 `ProtectedRuns` is the one verdict on a capture-unsafe test rerun with the option
-(`capsafe sweep --protect`, harness.capture_sweep, reruns each one so).
-`python -m capsafe_harness.protect SWEEP_OUT` lists those verdicts of one sweep;
-`python -m capsafe_harness.protect UNPROTECTED_OUT PROTECTED_OUT` compares two
+(`capsafe sweep --protect`: the sweep's capture phases rerun each one so).
+`python -m capsafe_harness.report.protection SWEEP_OUT` lists those verdicts of one sweep;
+`python -m capsafe_harness.report.protection UNPROTECTED_OUT PROTECTED_OUT` compares two
 sweeps of one suite in one configuration, without and with the option: for each
 test the first classified capture-unsafe, whether it passed in the second.
 """
@@ -21,97 +12,14 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Generator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-import pytest
-
-OPTION = "--capsafe-protect"
-PLUGIN_NAME = "capsafe-protect"
-
-
-def add_option(group: pytest.OptionGroup) -> None:
-    group.addoption(
-        OPTION,
-        metavar="NAME[,NAME...]",
-        help="install capsafe's integrations (cupy, cuda_core) in every test process, so the "
-        "frameworks' allocations and captures go through the capture gate",
-    )
-
-
-def parse(value: str | None) -> tuple[str, ...]:
-    """The integration names in `value` (comma-separated, duplicates dropped), validated."""
-    if not value:
-        return ()
-    from capsafe.integrations import NAMES
-
-    names = tuple(dict.fromkeys(n.strip() for n in value.split(",") if n.strip()))
-    unknown = [n for n in names if n not in NAMES]
-    if unknown or not names:
-        raise pytest.UsageError(
-            f"{OPTION}: unknown integration {(unknown or [value])[0]!r}; "
-            f"give a comma-separated list of: {', '.join(NAMES)}"
-        )
-    return names
-
-
-def configure(config: pytest.Config) -> None:
-    """Validate the option and register the per-process installer when it names anything."""
-    names = parse(config.option.capsafe_protect)
-    if names:
-        config.pluginmanager.register(Protection(config, names), PLUGIN_NAME)
-
-
-class Protection:
-    """Installs the integrations at session start; releases windows a test left open."""
-
-    def __init__(self, config: pytest.Config, names: tuple[str, ...]) -> None:
-        self.config = config
-        self.names = names
-        self.modules: list[ModuleType] = []
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_sessionstart(self, session: pytest.Session) -> None:
-        if self.config.pluginmanager.has_plugin("dsession"):
-            return  # the xdist controller: tests run in the workers, which install for themselves
-        from capsafe.errors import CapsafeError
-        from capsafe.integrations import module
-
-        for name in self.names:
-            integration = module(name)
-            try:
-                integration.install()
-            except (ImportError, CapsafeError) as exc:
-                raise pytest.UsageError(
-                    f"{OPTION}={name}: cannot install ({type(exc).__name__}: {exc})"
-                ) from None
-            self.modules.append(integration)
-
-    def pytest_report_header(self, config: pytest.Config) -> str:
-        return f"capsafe: protect={','.join(self.names)}"
-
-    @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_teardown(self, item: pytest.Item) -> Generator[None, None, None]:
-        try:
-            return (yield)
-        finally:
-            for integration in self.modules:
-                for label in integration.windows.release_all():
-                    item.warn(
-                        pytest.PytestWarning(
-                            f"capsafe: the test left a capture open ({label}); "
-                            "its hold on the capture gate was released"
-                        )
-                    )
-
-
-#: Each integration's framework, as the suite's interpreter finds it (`capsafe sweep --protect
-#: auto` installs the integrations whose framework is there).
-FRAMEWORKS = {"cupy": "cupy", "cuda_core": "cuda.core"}
-CAPTURE_SIGNAL = "capture-invalidated"
+from ..plugin.protect import FRAMEWORKS, OPTION
+from ..records import Signal
+from ..verdicts.catalogue import Verdict
 
 
 @dataclass
@@ -177,9 +85,9 @@ def hazard_rows(kinds: Sequence[str]) -> str:
 
 def capture_unsafe(test: dict[str, Any]) -> bool:
     """A sweep summary's test that failed because captures broke (H6's class, or its signal)."""
-    if test["classification"] == "capture-unsafe":
+    if test["classification"] == Verdict.CAPTURE_UNSAFE:
         return True
-    return test["classification"] != "pass" and CAPTURE_SIGNAL in test["signals"]
+    return test["classification"] != Verdict.PASS and Signal.CAPTURE_INVALIDATED in test["signals"]
 
 
 def protected_by(pytest_args: Sequence[str]) -> tuple[str, ...]:
@@ -216,7 +124,7 @@ def survival(unprotected: Path, protected: Path) -> list[tuple[str, str, str, Pr
         failures = now["failures"] + now["isolation_failures"]
         runs = ProtectedRuns(
             frameworks, now["runs"] + now["isolation_runs"], failures,
-            failures if CAPTURE_SIGNAL in now["signals"] else 0,
+            failures if Signal.CAPTURE_INVALIDATED in now["signals"] else 0,
         )  # fmt: skip
         rows.append((t["nodeid"], t["classification"], now["classification"], runs))
     return rows
@@ -227,7 +135,7 @@ def in_one_sweep(out: Path) -> list[tuple[str, ProtectedRuns, str]]:
     that reran them with protection itself (`capsafe sweep --protect`)."""
     rows = []
     for t in _read(out, "summary.json")["tests"]:
-        if t["classification"] != "capture-unsafe":
+        if t["classification"] != Verdict.CAPTURE_UNSAFE:
             continue
         capture = t.get("capture") or {}
         if "protection" not in capture:
@@ -240,8 +148,8 @@ def in_one_sweep(out: Path) -> list[tuple[str, ProtectedRuns, str]]:
 
 
 USAGE = (
-    "usage: python -m capsafe_harness.protect SWEEP_OUT  (a sweep run with --protect)\n"
-    "       python -m capsafe_harness.protect UNPROTECTED_OUT PROTECTED_OUT"
+    "usage: python -m capsafe_harness.report.protection SWEEP_OUT  (a sweep run with --protect)\n"
+    "       python -m capsafe_harness.report.protection UNPROTECTED_OUT PROTECTED_OUT"
 )
 LABELS = {True: "survived", False: "NOT protected", None: "no verdict"}
 

@@ -1,9 +1,10 @@
 """Where the sweep's pytest processes run: the executor seam, and the local process pool.
 
-The sweep (harness.runner) describes each process as a `Launch` and hands it to an
+The sweep (runner) describes each process as a `Launch` and hands it to an
 `Executor`, which runs it to completion and leaves its records directory and log in
 `raw/` as if it had run here: records stay the only interface. `LocalExecutor` (the
-default) runs it as a subprocess of this machine; harness.ray_executor as a Ray task.
+default) runs it as a subprocess of this machine; ray_executor as a Ray task, and
+executors picks one by name (so neither of the two imports the other's module).
 
 `WatchedProcess` is the one process runner both use (Ray on the node): the command in
 its own session under a stall watchdog, so a hang is killed and a Ctrl-C kills it. As
@@ -25,8 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol
 
-from .options import SweepError
-from .records import FILE_GLOB
+from ..records import FILE_GLOB
 
 SWEEP_TMP_ENV = "CAPSAFE_SWEEP_TMP"
 """Set for every test process: a fresh empty directory of its own, removed afterwards."""
@@ -37,7 +37,6 @@ For suites that keep state across processes on purpose (the planted flaky suite
 counts its invocations there, so its nondeterminism is the same in every sweep).
 """
 TEARDOWN_MARK = b'"phase":"teardown"'  # one per finished test in a records file
-EXECUTORS = ("local", "ray")
 POLL_S = 0.05
 
 
@@ -76,17 +75,6 @@ class Executor(Protocol):
     def kill_all(self) -> None:
         """Stop every process this executor runs now (Ctrl-C, an error in another thread)."""
         ...
-
-
-def make_executor(name: str, address: str | None = None, *, gpus: bool = False) -> Executor:
-    """The executor `capsafe sweep --executor NAME [--address ADDR] [--gpus ...]` asks for."""
-    if name == "local":
-        return LocalExecutor()
-    if name == "ray":
-        from .ray_executor import RayExecutor
-
-        return RayExecutor.connect(address, gpus=gpus)
-    raise SweepError(f"--executor must be one of {', '.join(EXECUTORS)}, got {name!r}")
 
 
 def teardowns(chunk: Chunk) -> int:

@@ -7,7 +7,7 @@ flake rate and 95 % interval, the cause found for each and its failure message
 (first lines, the whole output in a fold), the run-by-test heat map, the tests
 that were skipped, xfailed or xpassed, the environment variables tests left
 changed, the polluter -> victim pairs, the searches and the trend across sweeps.
-The per-test table behind all of it is built in harness.tables (pandas).
+The per-test table behind all of it is built in harness.report.tables (pandas).
 """
 
 from __future__ import annotations
@@ -18,48 +18,38 @@ import math
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from ..records import Record, Signal, to_json
+from ..verdicts.catalogue import BY_NAME, CLASSES, Verdict, colour, severity
 from . import gpu_report, placement, tables
-from .classify import CLASSES, severity
-from .records import Record, to_json
+
+
+class Cell(StrEnum):
+    """Every state of a heat-map cell (the sweep fills the grid with these)."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    TIMEOUT = Signal.TIMEOUT.value
+    CRASH = Signal.CRASH.value
+    NOT_RUN = "none"
+
 
 CELL_LABELS = {
-    "pass": "passed",
-    "fail": "failed",
-    "timeout": "timed out",
-    "crash": "crashed",
-    "none": "not run",
+    Cell.PASSED: "passed",
+    Cell.FAILED: "failed",
+    Cell.TIMEOUT: "timed out",
+    Cell.CRASH: "crashed",
+    Cell.NOT_RUN: "not run",
 }
-"""Every state of a heat-map cell (harness.sweep fills the grid with these) and its legend."""
+"""Each cell state's legend."""
 HEATMAP_LIMIT = 80  # rows of the heat map; the rest are summarised in one line
 PASSING_SHOWN = 200  # passing tests listed in the collapsed section of the table
 
-COLOURS = {
-    "error": "#82071e",
-    "parallel-unsafe": "#0969da",
-    "unverified": "#6e7781",
-    "fail": "#cf222e",
-    "capture-unsafe": "#e16f24",
-    "order-dependent": "#8250df",
-    "brittle": "#bc4c00",
-    "flaky": "#d4a72c",
-    "pass": "#2da44e",
-}
 OUTCOME_COLOURS = {"skipped": "#6e7781", "xfailed": "#9a6700", "xpassed": "#bf3989"}
 """Outcomes a test classed `pass` can have besides passed, shown as their own."""
-DESCRIPTIONS = {
-    "error": "could not be collected",
-    "parallel-unsafe": "fails only beside other workers",
-    "unverified": "failed; not rerun (budget)",
-    "fail": "fails alone every time",
-    "capture-unsafe": "breaks under neighbour threads only",
-    "order-dependent": "fails after a polluter, passes alone",
-    "brittle": "fails alone, passes after a state-setter",
-    "flaky": "fails at random",
-    "pass": "never failed",
-}
 
 
 def write_reports(
@@ -74,8 +64,6 @@ def write_reports(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rows = list(rows)
-    if by_gpu := placement.placement_section(rows):  # a --gpus sweep: failures by GPU
-        summary = {**summary, "placement": by_gpu}
     with open(out / "records.jsonl", "w", encoding="utf-8") as f:
         for row in rows:
             f.write(to_json(row) + "\n")
@@ -99,7 +87,9 @@ def _per_test(
 def _other_outcomes(tests: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """Tests classed pass whose outcome was skipped, xfailed or xpassed."""
     return [
-        t for t in tests if t["classification"] == "pass" and t.get("outcome") in OUTCOME_COLOURS
+        t
+        for t in tests
+        if t["classification"] == Verdict.PASS and t.get("outcome") in OUTCOME_COLOURS
     ]
 
 
@@ -109,7 +99,7 @@ def _leaky(tests: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
 
 def _outcome_counts(tests: Sequence[Mapping[str, Any]]) -> str:
     """ "passed 3 · skipped 1" for the tests classed pass, "" when all of them passed."""
-    passing = [t.get("outcome", "passed") for t in tests if t["classification"] == "pass"]
+    passing = [t.get("outcome", "passed") for t in tests if t["classification"] == Verdict.PASS]
     if all(o == "passed" for o in passing):
         return ""
     shown = ("passed", *OUTCOME_COLOURS)
@@ -147,7 +137,7 @@ def render_markdown(
 ) -> str:
     """A plain-text report for terminals, PR comments and chat (`tests`: the per-test table)."""
     tests = _per_test(summary, tests)
-    bad = [t for t in tests if t["classification"] != "pass"]
+    bad = [t for t in tests if t["classification"] != Verdict.PASS]
     counts = summary["counts"]
     lines = [
         "# capsafe sweep",
@@ -325,7 +315,7 @@ def render_html(
 ) -> str:
     """The whole report page as one string (`tests`: the per-test table)."""
     tests = _per_test(summary, tests)
-    bad = [t for t in tests if t["classification"] != "pass"]
+    bad = [t for t in tests if t["classification"] != Verdict.PASS]
     series = tables.trends(history)
     body = [
         _header(summary, tests, len(bad), history),
@@ -353,8 +343,8 @@ def _header(
     total = len(tests)
     tone = "ok" if bad == 0 and not summary.get("suite_errors") else "bad"
     cards = "".join(
-        f'<div class="card" style="--c:{COLOURS[c]}"><div class="n">{summary["counts"].get(c, 0)}'
-        f'</div><div class="k">{c}</div><div class="d">{DESCRIPTIONS[c]}</div></div>'
+        f'<div class="card" style="--c:{colour(c)}"><div class="n">{summary["counts"].get(c, 0)}'
+        f'</div><div class="k">{c}</div><div class="d">{BY_NAME[c].description}</div></div>'
         for c in CLASSES
     )
     seeds = ", ".join(str(s) for s in summary["seeds"]) or "none"
@@ -395,8 +385,8 @@ def _notes(notes: Sequence[str]) -> str:
 
 
 def _table(tests: Sequence[Mapping[str, Any]], series: Mapping[str, list[float]]) -> str:
-    bad = [t for t in tests if t["classification"] != "pass"]
-    good = [t for t in tests if t["classification"] == "pass"]
+    bad = [t for t in tests if t["classification"] != Verdict.PASS]
+    good = [t for t in tests if t["classification"] == Verdict.PASS]
     head = (
         "<tr><th>test</th><th>class</th><th>flake rate · 95% CI</th><th>alone</th>"
         "<th>cause</th><th>signals</th><th>trend</th></tr>"
@@ -444,7 +434,7 @@ def _row(t: Mapping[str, Any], rates: list[float]) -> str:
         cause = '<span class="muted">unconfirmed</span> ' + " ".join(
             f"<code>{_e(u)}</code>" for u in t["unconfirmed"]
         )
-    if cls != "pass":
+    if cls != Verdict.PASS:
         cause += "".join(
             f'<div class="why">{_e(line)}</div>' for line in _evidence_lines(t) if line
         )
@@ -463,7 +453,7 @@ def _row(t: Mapping[str, Any], rates: list[float]) -> str:
     )
     return (
         f'<tr><td class="id"><code>{_e(t["nodeid"])}</code>{_html_message(t)}{leaks}{replay}</td>'
-        f'<td><span class="pill" style="--c:{COLOURS[cls]}">{cls}</span>{outcome_pill}</td>'
+        f'<td><span class="pill" style="--c:{colour(cls)}">{cls}</span>{outcome_pill}</td>'
         f'<td class="rate">{_rate_bar(t["flake_rate"], lo, hi)}'
         f"<span>{t['failures']}/{t['runs']} · {_pct(t['flake_rate'])} "
         f'<span class="muted">[{_pct(lo)}–{_pct(hi)}]</span></span></td>'
@@ -475,7 +465,7 @@ def _row(t: Mapping[str, Any], rates: list[float]) -> str:
 def _html_message(t: Mapping[str, Any]) -> str:
     """The first lines of a non-pass test's failure, the whole output in a fold."""
     message, details = t.get("message", ""), t.get("details", "")
-    if not message or (t["classification"] == "pass" and t.get("outcome") == "passed"):
+    if not message or (t["classification"] == Verdict.PASS and t.get("outcome") == "passed"):
         return ""
     fold = (
         f'<details class="full"><summary>full output</summary><pre>{_e(details)}</pre></details>'
@@ -522,7 +512,7 @@ def _leaks_section(tests: Sequence[Mapping[str, Any]]) -> str:
         return ""
     rows = "".join(
         f'<tr><td class="id"><code>{_e(t["nodeid"])}</code></td>'
-        f'<td><span class="pill" style="--c:{COLOURS[t["classification"]]}">'
+        f'<td><span class="pill" style="--c:{colour(t["classification"])}">'
         f"{t['classification']}</span></td><td><code>{_e(variable)}</code></td>"
         f"<td>{_html_value(before)}</td><td>{_html_value(after)}</td></tr>"
         for t in leaky
@@ -556,8 +546,8 @@ def _rate_bar(rate: float, lo: float, hi: float, width: int = 110) -> str:
 
 def _rate_colour(rate: float) -> str:
     if rate == 0:
-        return COLOURS["pass"]
-    return COLOURS["fail"] if rate >= 0.5 else COLOURS["flaky"]
+        return colour(Verdict.PASS)
+    return colour(Verdict.FAIL) if rate >= 0.5 else colour(Verdict.FLAKY)
 
 
 def _sparkline(values: Sequence[float], width: int = 84, height: int = 20) -> str:
@@ -568,11 +558,11 @@ def _sparkline(values: Sequence[float], width: int = 84, height: int = 20) -> st
     points = [(3 + i * step, height - 3 - v * (height - 6)) for i, v in enumerate(values)]
     line = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
     lx, ly = points[-1]
-    colour = _rate_colour(values[-1])
+    dot = _rate_colour(values[-1])
     return (
         f'<svg class="spark" width="{width}" height="{height}" viewBox="0 0 {width} {height}">'
         f'<polyline points="{line}" fill="none" stroke="#57606a" stroke-width="1.4"/>'
-        f'<circle cx="{lx:.1f}" cy="{ly:.1f}" r="2.6" fill="{colour}"/></svg>'
+        f'<circle cx="{lx:.1f}" cy="{ly:.1f}" r="2.6" fill="{dot}"/></svg>'
     )
 
 
@@ -580,7 +570,9 @@ def _heatmap(
     tests: Sequence[Mapping[str, Any]], grid: Mapping[str, Sequence[str]], run_ids: Sequence[str]
 ) -> str:
     failing = [
-        t for t in tests if any(s != "pass" and s != "none" for s in grid.get(t["nodeid"], ()))
+        t
+        for t in tests
+        if any(s not in (Cell.PASSED, Cell.NOT_RUN) for s in grid.get(t["nodeid"], ()))
     ]
     if not run_ids:
         return ""
@@ -597,10 +589,10 @@ def _heatmap(
     )
     cells = []
     for t in shown:
-        states = list(grid.get(t["nodeid"], ())) + ["none"] * cols
+        states = list(grid.get(t["nodeid"], ())) + [Cell.NOT_RUN] * cols
         cells.append(
             f'<div class="hl" title="{_e(t["nodeid"])}"><span class="dot" '
-            f'style="--c:{COLOURS[t["classification"]]}"></span>{_e(t["nodeid"])}</div>'
+            f'style="--c:{colour(t["classification"])}"></span>{_e(t["nodeid"])}</div>'
         )
         cells += [
             f'<div class="hc {s}" title="{_e(t["nodeid"])} · {_e(r)}: {s}"></div>'
@@ -628,11 +620,11 @@ def _pairs(tests: Sequence[Mapping[str, Any]]) -> str:
         return ""
     items = []
     for kind, causes, test in found:
-        colour = COLOURS["order-dependent" if kind == "polluter" else "brittle"]
+        hue = colour(Verdict.ORDER_DEPENDENT if kind == "polluter" else Verdict.BRITTLE)
         verb = "breaks" if kind == "polluter" else "sets up"
         cause = '<span class="plus">+</span>'.join(f"<code>{_e(c)}</code>" for c in causes)
         items.append(
-            f'<div class="pair" style="--c:{colour}"><div class="who">{cause}</div>'
+            f'<div class="pair" style="--c:{hue}"><div class="who">{cause}</div>'
             f'<div class="arrow"><span>{verb}</span>→</div>'
             f'<div class="whom"><code>{_e(test)}</code></div></div>'
         )
@@ -721,7 +713,7 @@ details>summary{cursor:pointer;color:var(--muted);margin-top:10px}
 .dot{display:inline-block;width:8px;height:8px;border-radius:50%;background:var(--c);
  margin-right:6px}
 .hc{height:18px;border-radius:4px;display:inline-block;width:18px}
-.hc.pass{background:#aceebb}.hc.fail{background:#cf222e}.hc.timeout{background:#fb8f44}
+.hc.passed{background:#aceebb}.hc.failed{background:#cf222e}.hc.timeout{background:#fb8f44}
 .hc.crash{background:#24292f}
 .hc.none{background:repeating-linear-gradient(45deg,#eaeef2 0 3px,#f6f8fa 3px 6px)}
 .legend{display:flex;gap:16px;margin-top:12px;font-size:12px;color:var(--muted)}

@@ -25,19 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import classify as cl
-from .collection import Collected, read_collected
+from ..plugin.collection import Collected, read_collected
+from ..verdicts import fold
 from .options import SweepError, SweepOptions
+from .phases import Sweep, SweepResult, target_outcome
 from .shard import Shard, parse_shard
-from .sweep import (
-    STATE_FILE,
-    Sweep,
-    SweepResult,
-    describe_error,
-    prepare_out,
-    read_state,
-    target_outcome,
-)
+from .state import STATE_FILE, describe_error, prepare_out, read_state
 
 NOT_RUN = "`capsafe merge --no-run`: the reruns or searches its verdict needs were not run"
 LOCAL = ("shared", "collected.json", "collect.log")  # in a shard's raw/, not evidence to copy
@@ -186,7 +179,7 @@ class MergedSweep(Sweep):
                 self._take(result)
                 if label in counted:
                     nodeid, rerun = counted[label]
-                    attempts = {a.nodeid: a for (run, _), a in cl.attempts(result.rows).items()
+                    attempts = {a.nodeid: a for (run, _), a in fold.attempts(result.rows).items()
                                 if run == label}  # fmt: skip
                     failed, signals = target_outcome(attempts.get(nodeid), result.returncode)
                     self.count_alone(nodeid, rerun, failed, signals, label)

@@ -1,6 +1,6 @@
 """`capsafe sweep`: run a suite many ways, explain every failure, write the report.
 
-Phases, each a method, each a set of pytest subprocesses (harness.runner):
+Phases, each a method, each a set of pytest subprocesses (harness.sweep.runner):
 0. collection: the node ids exactly as `pytest --collect-only -q` prints them, and
    every collection error (class `error`);
 1. runs: the whole suite N times under xdist, a different seed each, alternating a
@@ -9,18 +9,19 @@ Phases, each a method, each a set of pytest subprocesses (harness.runner):
    alone beside other reruns is confirmed with no other test process alive;
 3. searches: for a test that fails in the suite but never alone, replay what ran
    before it to find the polluter; for one that fails alone but passes in the
-   suite, the state-setter (harness.search). A cause counts only once verified
+   suite, the state-setter (harness.sweep.search). A cause counts only once verified
    VERIFY_TIMES times each way; a verified cause is then tried on the victim's
    module siblings and on every failing test. A test that failed only beside other
    workers and passes when its worker's sequence is replayed is `parallel-unsafe`;
-4. classification (harness.classify) and reports (harness.report, harness.history).
+4. classification (harness.verdicts.catalogue) and reports (harness.report.render,
+   harness.report.history).
 
-Ctrl-C (or SIGTERM, SIGHUP: harness.termination) and an exhausted --budget both stop new
+Ctrl-C (or SIGTERM, SIGHUP: harness.sweep.termination) and an exhausted --budget both stop new
 work and still write the report.
 An --out holds one sweep: sweep.json names its options, the runs done, each process's
 exit and which alone rerun counts, so --resume can continue it. `Sweep.phases` lists
-the phases a sweep drives: a shard (--shard K/N, harness.shard) does its runs and its
-alone reruns and no searches; `capsafe merge` (harness.merge) loads the shards' records
+the phases a sweep drives: a shard (--shard K/N, harness.sweep.shard) does its runs and its
+alone reruns and no searches; `capsafe merge` (harness.sweep.merge) loads the shards' records
 in place of the first phases and drives the rest.
 """
 
@@ -33,7 +34,6 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -43,60 +43,32 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from . import (
-    capture_sweep,
-    gpu_report,
-    history,
-    order,
-    phase_times,
-    report,
-    search,
-    stats,
-    termination,
-)
-from . import classify as cl
-from .classify import Evidence
-from .collection import Collected
+from ..plugin import order, phase_times
+from ..plugin.collection import Collected
+from ..records import Record, Signal, load_records
+from ..report import gpu_report, history, placement
+from ..report import render as report
+from ..report.summary import SearchRecord, Summary, TestVerdict
+from ..verdicts import catalogue, fold, stats
+from ..verdicts.catalogue import Verdict, why
+from ..verdicts.evidence import VERIFY_TIMES, Evidence
+from . import capture_sweep, search, termination
 from .options import SweepError, SweepOptions
-from .records import Record, load_records
 from .runner import (
     PYTEST_NO_RUN,
-    SWEEP_SHARED_ENV,
-    SWEEP_TMP_ENV,
     Interrupted,
     ProcessResult,
     Runner,
+    killed_in,
     last_line,
-    suite_root,
 )
 from .shard import stable_hash
-from .summary import SearchRecord, Summary, TestVerdict
-
-__all__ = [
-    "SWEEP_SHARED_ENV",
-    "SWEEP_TMP_ENV",
-    "SweepError",
-    "SweepOptions",
-    "run_seeds",
-    "run_sweep",
-    "suite_root",
-]
+from .state import STATE_FILE, describe_error, read_state
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 MAX_PREFIXES = 2  # failing (or passing) runs whose prefix a search tries before widening
-VERIFY_TIMES = 3  # K: a cause is reported only when it reproduces K times, and K times not without
 SHUFFLES = ("global", "module")  # run k uses SHUFFLES[(k - 1) % 2]
-STATE_FILE = "sweep.json"
-BUDGET_CUT = "--budget ran out before its verdict was verified"
 SHARD_VIEW = "a shard's partial view: its reruns and searches are left to `capsafe merge`"
-NEVER_RAN = (
-    "never ran: every suite run ended before reaching it (a crash, kill or hang earlier "
-    "in the run: see the notes and raw/run-*.log)"
-)
-SWEEP_FILES = (STATE_FILE, "raw", "replays", "records.jsonl", "tests.csv", "summary.json",
-               "report.md", "report.html")  # fmt: skip
-"""What a sweep writes into --out: all that --force removes."""
-WORST_SHOWN = 10  # tests the console lists at the end
 MAX_BESIDE = 4  # concurrent tests a parallel-unsafe test is run beside, most overlapping first
 
 
@@ -137,7 +109,7 @@ class Sweep:
         self.run_ids: list[str] = []
         self.seeds: list[int] = []
         self.shuffles: list[str] = []
-        self.run_attempts: dict[tuple[str, str], cl.Attempt] = {}
+        self.run_attempts: dict[tuple[str, str], fold.Attempt] = {}
         self.evidence: dict[str, Evidence] = {}
         self.collected: tuple[str, ...] = ()
         self.searches: list[SearchRecord] = []
@@ -148,7 +120,7 @@ class Sweep:
         self._sibling_trials: set[tuple[str, ...]] = set()  # (module, cause...) screened
         self._screen_prefixes: dict[str, tuple[int | None, list[str]]] = {}  # what a screen ran
         self._screen_searched: set[str] = set()  # tests searched from their screen's prefix
-        self.capture = capture_sweep.CapturePhases(options.neighbors)
+        self.capture = capture_sweep.CapturePhases(options.neighbors, store=self.evidence)
         self.clock = phase_times.SweepClock()
         self.neighbors_problem = ""  # why neighbour threads could not start (exit 2)
         self.suite_errors: list[dict[str, Any]] = []  # runs pytest failed with no test failing
@@ -274,15 +246,16 @@ class Sweep:
 
     def reload(self, label: str, facts: Mapping[str, Any]) -> ProcessResult:
         """A finished process's result from its records, with sweep.json's facts about it
-        (exit code, killed stalled): what harness.runner made of it when it ran."""
+        (exit code, killed stalled): what harness.sweep.runner made of it when it ran."""
         fact = facts.get(label, {})
         stalled = bool(fact.get("stalled", False))
         rows, malformed = load_records(self.raw / label)
-        rows += cl.unfinished_rows(
+        inside = killed_in(rows) if stalled else ()
+        rows += fold.unfinished_rows(
             rows, stalled_after=self.options.stall_limit if stalled else None
         )
         return ProcessResult(label, int(fact.get("returncode", 0)), rows, stalled,
-                             self.raw / f"{label}.log", malformed)  # fmt: skip
+                             self.raw / f"{label}.log", malformed, inside)  # fmt: skip
 
     def _write_state(self) -> None:
         """sweep.json: the options and runs done, and what --resume and `capsafe merge` need
@@ -306,7 +279,7 @@ class Sweep:
         self.seeds.append(seed)
         self.shuffles.append(shuffle)
         self._take(result)
-        found = cl.attempts(result.rows)
+        found = fold.attempts(result.rows)
         if finished:
             self._check_suite_exit(result, found.values())
         self.run_attempts.update(found)
@@ -319,7 +292,7 @@ class Sweep:
             if attempt.failed and not ev.message:
                 ev.message = attempt.message
 
-    def _check_suite_exit(self, result: ProcessResult, found: Iterable[cl.Attempt]) -> None:
+    def _check_suite_exit(self, result: ProcessResult, found: Iterable[fold.Attempt]) -> None:
         """A suite run pytest calls failed while every test in it passed (a raising session
         hook, a hang after the last test, `--cov-fail-under`): no test's verdict says so,
         so the sweep's does (pytest's exit code is never greener than the sweep's)."""
@@ -361,8 +334,7 @@ class Sweep:
 
     def _stall_text(self, result: ProcessResult) -> str:
         limit = self.options.stall_limit
-        cut = cl.STALLED_MESSAGE.format(seconds=limit)
-        inside = sorted({r["nodeid"] for r in result.rows if r.get("message") == cut})
+        inside = result.killed_in
         where = (f"in {', '.join(inside)}, recorded as timed out" if inside else
                  "outside any test (in start-up, collection, between tests or after the "
                  "last one)")  # fmt: skip
@@ -373,7 +345,7 @@ class Sweep:
         """Rerun every failing test alone, `isolation_runs` times; rerun i adds
         `extra_args[i % len(extra_args)]` to its pytest command (with --neighbors: without
         and with them in turn). Capture-error failures are rerun batched first
-        (harness.capture_sweep), with their attribution on the same pool. A shard reruns
+        (harness.sweep.capture_sweep), with their attribution on the same pool. A shard reruns
         only the tests of its bucket and leaves the capture reruns, which need every run's
         evidence, to the merge; reruns already done (loaded from shards) are not redone."""
         o = self.options
@@ -384,7 +356,7 @@ class Sweep:
         if o.shard is None:
             failing = self.capture.isolate(host, failing, runs, batch_seeds, o.seed)
         else:
-            suspects = {n for n, found in self.capture.evidence.items() if found.suspect}
+            suspects = {n for n, ev in list(self.evidence.items()) if ev.capture.suspect}
             failing = [n for n in failing if o.shard.owns(n, o.seed) and n not in suspects]
         extra_args = self.capture.alone_args()
         jobs = [(n, i) for n in failing for i in range(runs) if (n, i) not in self.alone_done]
@@ -675,14 +647,14 @@ class Sweep:
         """parallel-unsafe: it failed only beside other workers, and its worker's sequence
         replayed in one process with no other process alive passes K times."""
         fails = [a for a in self.run_attempts.values() if a.nodeid == nodeid and a.failed]
-        beside = [(a, cl.concurrent_with(self.run_attempts, a)) for a in fails]
+        beside = [(a, fold.concurrent_with(self.run_attempts, a)) for a in fails]
         if self.options.workers < 2 or not fails or not all(others for _, others in beside):
             return
         ev = self._ev(nodeid)
         if ev.ever_failed_alone:
             return
         first = fails[0]
-        sequence = cl.process_sequence(self.run_attempts, first)
+        sequence = fold.process_sequence(self.run_attempts, first)
         for _ in range(VERIFY_TIMES):
             if not self._budget_left():
                 return
@@ -740,9 +712,9 @@ class Sweep:
         if screened is not None:
             yield screened
         for attempt in mine[:MAX_PREFIXES]:
-            yield attempt.seed, cl.process_sequence(self.run_attempts, attempt)
+            yield attempt.seed, fold.process_sequence(self.run_attempts, attempt)
         for attempt in mine[:1]:
-            yield attempt.seed, cl.run_sequence(self.run_attempts, attempt)
+            yield attempt.seed, fold.run_sequence(self.run_attempts, attempt)
         if nodeid in self.collected:  # the project's own order
             yield None, list(self.collected[: self.collected.index(nodeid)])
         others = [n for n in self.collected if n != nodeid]
@@ -783,7 +755,7 @@ class Sweep:
         exclusive: bool = False,
         label: str = "",
         group: object = None,
-    ) -> tuple[dict[str, cl.Attempt], int]:
+    ) -> tuple[dict[str, fold.Attempt], int]:
         """Run `sequence` in one fresh process: (each test's attempt by id, exit code)."""
         if self.runner.stopping.is_set():
             raise KeyboardInterrupt
@@ -798,7 +770,7 @@ class Sweep:
             self.bar.total += len(sequence)
         result = self.runner.run(label, cmd, exclusive=exclusive, group=group)
         self._take(result)
-        found = {a.nodeid: a for (run, _), a in cl.attempts(result.rows).items() if run == label}
+        found = {a.nodeid: a for (run, _), a in fold.attempts(result.rows).items() if run == label}
         return found, result.returncode
 
     def _width(self) -> int:
@@ -867,19 +839,20 @@ class Sweep:
             self._note_unmatched_ids(unreached, ran - set(self.collected))
         for nodeid in sorted(self.evidence):
             ev = self.evidence[nodeid]
-            ev.capture_unsafe = self.capture.capture_unsafe(nodeid)
-            verdict = cl.classify(ev)
+            verdict = catalogue.classify(ev)
             replay = ""
-            if verdict not in ("pass", "error"):
-                sequence = [*ev.polluters, nodeid] if verdict == "order-dependent" else [nodeid]
+            if verdict not in (Verdict.PASS, Verdict.ERROR):
+                sequence = (
+                    [*ev.polluters, nodeid] if verdict == Verdict.ORDER_DEPENDENT else [nodeid]
+                )
                 replay_file = replays_dir / f"{_slug(nodeid)}.txt"
                 order.write_replay(replay_file, sequence)
                 replay = self.runner.replay_command(replay_file.resolve(), sequence)
             low, high = stats.wilson_interval(ev.failures, ev.runs)
             rate = stats.flake_rate(ev.failures, ev.runs)
-            seen = verdict != "pass" and ev.ran
+            seen = verdict != Verdict.PASS and ev.ran
             chance = round(1 - (1 - rate) ** runs, 6) if seen else None
-            unsafe = verdict == "capture-unsafe"
+            unsafe = verdict == Verdict.CAPTURE_UNSAFE
             tests.append(TestVerdict(
                 nodeid=nodeid, classification=verdict,
                 why=self.capture.why(nodeid) if unsafe else why(verdict, ev, self.no_searches),
@@ -889,7 +862,7 @@ class Sweep:
                 polluters=ev.polluters, state_setters=ev.state_setters,
                 unconfirmed=ev.unconfirmed, concurrent=ev.concurrent,
                 collides_with=ev.collides_with,
-                signals=sorted(ev.signals), message=ev.message if verdict != "pass" else "",
+                signals=sorted(ev.signals), message=ev.message if verdict != Verdict.PASS else "",
                 replay=replay, capture=self.capture.test_fields(nodeid, replay) if unsafe else None,
             ))  # fmt: skip
         return tests
@@ -914,12 +887,13 @@ class Sweep:
             runs=len(self.run_ids), workers=o.workers, seeds=self.seeds,
             shuffles=self.shuffles, backend=requested_backend(),
             duration_s=round(time.monotonic() - self.started, 3), tests=tests,
-            counts={c: sum(t.classification == c for t in tests) for c in cl.CLASSES},
+            counts={c: sum(t.classification == c for t in tests) for c in catalogue.CLASSES},
             searches=self.searches, notes=self.notes, ddmin_cap=search.DDMIN_CAP,
             verify_times=VERIFY_TIMES,
             phase_times=phase_times.summary_times(self.clock, self.raw, self.rows),
             shard="" if o.shard is None else str(o.shard), suite_errors=self.suite_errors,
         )  # fmt: skip
+        summary.placement = placement.placement_section(fold.attempts(self.rows).values())
         summary.gpu = gpu_report.gpu_section(
             [t.__dict__ for t in tests], self.rows, capture_sweep.neighbor_summary(self.raw)
         )
@@ -976,7 +950,7 @@ class Sweep:
             states = []
             for run_id in self.run_ids:
                 a = self.run_attempts.get((run_id, nodeid))
-                states.append("none" if a is None else _cell(a))
+                states.append(report.Cell.NOT_RUN if a is None else _cell(a))
             grid[nodeid] = states
         return grid
 
@@ -986,77 +960,13 @@ def _explained_test(job: tuple[str, ...]) -> str | None:
     return None if job[0] == "screen" else job[-1]
 
 
-def why(verdict: str, ev: Evidence, not_run: str = "") -> str:
-    """The evidence behind a verdict, in words that agree with its numbers (`not_run`: why
-    the sweep ran no searches, when it ran none)."""
-    k = VERIFY_TIMES
-    ran = f"failed {ev.failures} of {ev.runs} suite runs"
-    alone = f"{ev.isolation_failures} of {ev.isolation_runs} alone"
-    if verdict == "error":
-        return "could not be collected"
-    if verdict == "pass":
-        return f"passed {ev.runs} of {ev.runs} suite runs"
-    if not ev.ran:
-        return NEVER_RAN
-    if verdict == "unverified" and not (not_run or ev.budget_cut or ev.isolation_runs):
-        return f"{ran}; it could not be rerun alone (see the alone-*.log files in raw/)"
-    if verdict == "unverified":
-        return f"{ran}; failed {alone}; {not_run or BUDGET_CUT}"
-    if verdict == "brittle":
-        return (f"fails alone ({alone}); passes after {' + '.join(ev.state_setters)} "
-                f"({k} of {k}); {ran}")  # fmt: skip
-    if verdict == "order-dependent":
-        return (f"fails after {' + '.join(ev.polluters)} ({k} of {k}); failed {alone}; "
-                f"{ran}")  # fmt: skip
-    if verdict == "parallel-unsafe":
-        text = (f"{ran}, each beside other workers; failed {alone} and 0 of {k} in its "
-                f"worker's sequence replayed; ran at the same time as {len(ev.concurrent)} "
-                f"test(s): {', '.join(ev.concurrent[:5])}")  # fmt: skip
-        if ev.collides_with:
-            return f"{text}; fails {k} of {k} run beside {ev.collides_with[0]} alone"
-        return f"{text}; none of them alone made it fail {k} of {k}"
-    text = f"{ran}; failed {alone}"
-    if verdict == "flaky" and ev.unconfirmed:
-        text += f"; cause unconfirmed: {' + '.join(ev.unconfirmed)} did not reproduce {k} times"
-    return text
-
-
-def cause_of(test: TestVerdict) -> str:
-    """The cause column of the console summary."""
-    if test.polluters:
-        return "after " + " + ".join(test.polluters)
-    if test.state_setters:
-        return "passes after " + " + ".join(test.state_setters)
-    if test.collides_with:
-        return "collides with " + ", ".join(test.collides_with)
-    if test.concurrent:
-        return "beside " + ", ".join(test.concurrent[:3]) + (" ..." if len(test.concurrent) > 3
-                                                              else "")  # fmt: skip
-    if test.classification == "error":
-        return test.message.strip().splitlines()[-1] if test.message.strip() else ""
-    return test.why
-
-
-def console_lines(result: SweepResult) -> list[str]:
-    """The end of the console output: the worst tests (class, test, cause), then the verdict."""
-    bad = report.worst_first([t.__dict__ for t in result.summary.tests])
-    shown = [t for t in bad if t["classification"] != "pass"][:WORST_SHOWN]
-    by_id = {t.nodeid: t for t in result.summary.tests}
-    lines = [f"  {t['classification']:<16} {t['nodeid']}  {cause_of(by_id[t['nodeid']])}"
-             for t in shown]  # fmt: skip
-    more = sum(t.classification != "pass" for t in result.summary.tests) - len(shown)
-    if more > 0:
-        lines.append(f"  ... and {more} more in the report")
-    return [*lines, result.reason]
-
-
 def shuffle_of(k: int) -> str:
     """The shuffle of suite run k (1-based): global and bucketed in turn."""
     return SHUFFLES[(k - 1) % len(SHUFFLES)]
 
 
 def target_outcome(
-    attempt: cl.Attempt | None, returncode: int
+    attempt: fold.Attempt | None, returncode: int
 ) -> tuple[bool | None, frozenset[str]]:
     """A replayed test's (failed?, signals) from its attempt and its process's exit code;
     failed is None when it did not run at all (not collected, usage error)."""
@@ -1064,7 +974,7 @@ def target_outcome(
         return attempt.failed, attempt.signals
     if returncode in PYTEST_NO_RUN:
         return None, frozenset()
-    return True, frozenset({"crash"})  # the process died before the test reported: a crash
+    return True, frozenset({Signal.CRASH})  # the process died before the test reported: a crash
 
 
 def requested_backend() -> str:
@@ -1080,14 +990,14 @@ def _progress_bar(enabled: bool) -> Any:
                 disable=not enabled, leave=False, dynamic_ncols=True)  # fmt: skip
 
 
-def _cell(attempt: cl.Attempt) -> str:
+def _cell(attempt: fold.Attempt) -> str:
     if not attempt.failed:
-        return "pass"
-    if "crash" in attempt.signals:
-        return "crash"
-    if "timeout" in attempt.signals:
-        return "timeout"
-    return "fail"
+        return report.Cell.PASSED
+    if Signal.CRASH in attempt.signals:
+        return report.Cell.CRASH
+    if Signal.TIMEOUT in attempt.signals:
+        return report.Cell.TIMEOUT
+    return report.Cell.FAILED
 
 
 def _slug(nodeid: str) -> str:
@@ -1098,7 +1008,7 @@ def _slug(nodeid: str) -> str:
 def _outcome(
     summary: Summary, baseline: frozenset[str], interrupted: bool, out: Path, collected: bool
 ) -> SweepResult:
-    bad = [t for t in summary.tests if t.classification != "pass"]
+    bad = [t for t in summary.tests if t.classification != Verdict.PASS]
     found = [t for t in bad if t.nodeid not in baseline]
     quarantined = len(bad) - len(found)
     where = f"report: {out / 'report.html'}"
@@ -1111,7 +1021,7 @@ def _outcome(
     suite = report.suite_errors_text(summary.suite_errors, summary.runs)
     if found:
         by_class = Counter(t.classification for t in found)
-        kinds = ", ".join(f"{by_class[c]} {c}" for c in cl.CLASSES if by_class[c])
+        kinds = ", ".join(f"{by_class[c]} {c}" for c in catalogue.CLASSES if by_class[c])
         also = f"; {suite}" if suite else ""
         return SweepResult(summary, EXIT_FOUND,
                            f"{len(found)} not passing ({kinds}){also}; {where}")  # fmt: skip
@@ -1120,61 +1030,3 @@ def _outcome(
     if suite:
         return SweepResult(summary, EXIT_FOUND, f"{passing}, but {suite}; {where}")
     return SweepResult(summary, EXIT_OK, f"{passing}; {where}")
-
-
-def read_baseline(path: str | os.PathLike[str]) -> frozenset[str]:
-    """Quarantined node ids: a replay-style list whose lines may also end in ' # comment'."""
-    ids = (line.split(" #", 1)[0].strip() for line in order.read_replay(path))
-    return frozenset(nodeid for nodeid in ids if nodeid)
-
-
-def describe_error(exc: BaseException) -> str:
-    """The reason alone ("Permission denied"), for a one-line message that names the path."""
-    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-
-
-def holds_sweep(out: Path) -> bool:
-    return out.is_dir() and any((out / name).exists() for name in SWEEP_FILES)
-
-
-def prepare_out(out: Path, *, resume: bool = False, force: bool = False) -> None:
-    """Create the report directory and prove it writable now, not after an hour of runs.
-    An --out that holds a sweep is refused unless resuming it or starting over (--force,
-    which removes only what a sweep writes). SweepError with the reason otherwise."""
-    if holds_sweep(out) and not (resume or force):
-        raise SweepError(f"--out {out} holds a sweep already: --resume to continue it, "
-                         "--force to start over, or another --out")  # fmt: skip
-    if resume and not (out / STATE_FILE).is_file():
-        raise SweepError(f"--resume: --out {out} holds no sweep to continue")
-    try:
-        if force and not resume:
-            for name in SWEEP_FILES:
-                target = out / name
-                if target.is_dir() and not target.is_symlink():
-                    shutil.rmtree(target)
-                elif target.exists() or target.is_symlink():
-                    target.unlink()
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out):
-            pass
-    except OSError as exc:
-        raise SweepError(f"cannot write reports into --out {out}: {describe_error(exc)}") from None
-
-
-def read_state(out: Path) -> dict[str, Any]:
-    """sweep.json of the sweep in `out` (OSError, ValueError when unreadable)."""
-    state = json.loads((out / STATE_FILE).read_text(encoding="utf-8"))
-    if not isinstance(state, dict):
-        raise ValueError("not a JSON object")
-    return state
-
-
-def resumed_options(out: Path) -> dict[str, Any]:
-    """The options the sweep in `out` ran with (for --resume to check against)."""
-    return dict(read_state(out)["options"])
-
-
-def run_sweep(options: SweepOptions) -> SweepResult:
-    """Run one whole sweep and write its reports into options.out."""
-    prepare_out(options.out, resume=options.resume, force=options.force)
-    return Sweep(options).execute()

@@ -1,4 +1,4 @@
-"""`capsafe merge`: the command line over harness.merge."""
+"""`capsafe merge`: the command line over harness.sweep.merge."""
 
 from __future__ import annotations
 
@@ -6,7 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import merge, sweep, sweep_cli, termination
+from ..verdicts.catalogue import Verdict
+from . import cli as sweep_cli
+from . import console, merge, phases, termination
+from .options import SweepError
 
 EPILOG = """\
 exit codes:
@@ -42,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="the --out of every shard, 1/N to N/N, in any order")  # fmt: skip
     parser.add_argument("--no-run", action="store_true",
                         help="run nothing: a test whose verdict needs a rerun or search is "
-                        "unverified")  # fmt: skip
+                        f"{Verdict.UNVERIFIED}")  # fmt: skip
     parser.add_argument(
         "--force",
         action="store_true",
@@ -61,13 +64,13 @@ def main(args: argparse.Namespace) -> int:
                 args.out, args.shards, no_run=args.no_run, force=args.force, budget=budget,
                 baseline=baseline, progress=not args.no_progress,
             )  # fmt: skip
-    except sweep.SweepError as exc:
+    except SweepError as exc:
         print(f"capsafe merge: {exc}", file=sys.stderr)
-        return sweep.EXIT_USAGE
+        return phases.EXIT_USAGE
     except KeyboardInterrupt:  # a second Ctrl-C, while the partial report was being written
         print(f"capsafe merge: interrupted; the report in {args.out} may be incomplete",
               file=sys.stderr)  # fmt: skip
-        return sweep.EXIT_INTERRUPTED
-    for line in sweep.console_lines(result):
+        return phases.EXIT_INTERRUPTED
+    for line in console.console_lines(result):
         print(f"capsafe merge: {line}" if line == result.reason else line, file=sys.stderr)
     return result.exit_code

@@ -5,7 +5,7 @@ able to meet. So a shard never runs a subset of the suite in one run; the suite 
 are dealt out instead (shard K does run k when (k - 1) % N == K - 1, with run k's seed
 whichever shard does it), and so are the alone reruns, by test: a failing test's reruns
 are done by the shard its stable hash (the node id with the sweep seed) names, if that
-shard saw it fail. `capsafe merge` (harness.merge) does the rest with every shard's view.
+shard saw it fail. `capsafe merge` (harness.sweep.merge) does the rest with every shard's view.
 """
 
 from __future__ import annotations

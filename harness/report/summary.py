@@ -29,7 +29,7 @@ class TestVerdict:
     signals: list[str]
     message: str  # the first lines of a failure (or pytest's collection error)
     replay: str
-    capture: dict[str, Any] | None = None  # capture-unsafe: harness.capture_sweep's fields
+    capture: dict[str, Any] | None = None  # capture-unsafe: harness.sweep.capture_sweep's fields
     collides_with: list[str] = field(default_factory=list)  # parallel-unsafe, confirmed K times
 
 
@@ -63,11 +63,17 @@ class Summary:
     notes: list[str] = field(default_factory=list)
     ddmin_cap: int = 0
     verify_times: int = 0
-    phase_times: dict[str, Any] = field(default_factory=dict)  # harness.phase_times
-    gpu: dict[str, Any] = field(default_factory=dict)  # harness.gpu_report
-    shard: str = ""  # "K/N" for a shard's partial view (harness.shard); "" otherwise
+    phase_times: dict[str, Any] = field(default_factory=dict)  # harness.plugin.phase_times
+    gpu: dict[str, Any] = field(default_factory=dict)  # harness.report.gpu_report
+    shard: str = ""  # "K/N" for a shard's partial view (harness.sweep.shard); "" otherwise
     # suite runs pytest failed with every test passing: run_id, returncode, message, log
     suite_errors: list[dict[str, Any]] = field(default_factory=list)
+    # failures by GPU (report.placement), only when some test process was pinned to one
+    placement: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """summary.json's content (no `placement` key when no process was pinned)."""
+        data = asdict(self)
+        if data["placement"] is None:
+            del data["placement"]
+        return data

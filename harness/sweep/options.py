@@ -33,11 +33,11 @@ class SweepOptions:
     invoked_from: Path | None = None  # where `capsafe sweep` ran; None: the current directory
     resume: bool = False  # continue the sweep already in `out` (same seed and options)
     force: bool = False  # start over in an `out` that holds a sweep
-    executor: str = "local"  # where processes run: "local" or "ray" (harness.executor)
+    executor: str = "local"  # where processes run: "local" or "ray" (harness.sweep.executor)
     address: str | None = None  # --executor ray: the cluster (None: start or join a local one)
     gpus: tuple[str, ...] = ()  # --gpus, resolved to device ids: one per process, round-robin
-    protect: str = "auto"  # --protect: auto, none, or integration names (harness.capture_sweep)
-    shard: Shard | None = None  # this sweep is shard K of N (harness.shard): no searches
+    protect: str = "auto"  # --protect: auto, none, or integration names (capture_sweep)
+    shard: Shard | None = None  # this sweep is shard K of N (harness.sweep.shard): no searches
 
     @property
     def stall_limit(self) -> float:
@@ -45,15 +45,15 @@ class SweepOptions:
 
     def identity(self) -> dict[str, object]:
         """The options a resumed sweep must share with the one it continues."""
-        return {
-            "paths": [str(p) for p in self.paths],
-            "seed": self.seed,
-            "runs": self.runs,
-            "workers": self.workers,
-            "timeout": self.timeout,
-            "isolation_runs": self.isolation_runs,
-            "neighbors": self.neighbors,
-            "threads": self.threads,
-            "pytest_args": list(self.pytest_args),
-            "shard": None if self.shard is None else str(self.shard),
-        }
+        return dict(  # keywords: these are the options' names
+            paths=[str(p) for p in self.paths],
+            seed=self.seed,
+            runs=self.runs,
+            workers=self.workers,
+            timeout=self.timeout,
+            isolation_runs=self.isolation_runs,
+            neighbors=self.neighbors,
+            threads=self.threads,
+            pytest_args=list(self.pytest_args),
+            shard=None if self.shard is None else str(self.shard),
+        )

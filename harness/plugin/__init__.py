@@ -20,8 +20,16 @@ from typing import Any
 
 import pytest
 
+from ..records import (
+    Outcome,
+    Record,
+    RecordWriter,
+    Signal,
+    bounded_details,
+    first_lines,
+    records_path,
+)
 from . import capture_errors, gpus, neighbor_run, order, phase_times, protect
-from .records import Outcome, Record, RecordWriter, bounded_details, first_lines, records_path
 from .seeding import Reseeder, registered_seeders
 
 DEFAULT_WATCH_ENV = "CAPSAFE_,CUDA_"
@@ -31,7 +39,9 @@ CONTROLLER = "controller"
 # Failure text (or exception class names) that marks a signal; capture errors: capture_errors.
 FROZEN_MARKS = ("FrozenConfigError",)
 TIMEOUT_MARKS = ("Timeout (>", "from pytest-timeout")
-CRASH_MARK = "crashed while running"
+PID_ATTR = "capsafe_pid"
+"""A worker's reports carry its pid to the controller (xdist serializes report attributes),
+which names it in the crash row of a worker that died mid-test."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -263,15 +273,13 @@ def _env_leak(
 
 
 def _signals(text: str, exc_names: tuple[str, ...]) -> list[str]:
-    found = []
+    found: list[str] = []
     if capture_errors.in_text(text) or "CaptureInvalidated" in exc_names:
-        found.append("capture-invalidated")
+        found.append(Signal.CAPTURE_INVALIDATED)
     if any(m in text for m in FROZEN_MARKS) or "FrozenConfigError" in exc_names:
-        found.append("frozen-config")
+        found.append(Signal.FROZEN_CONFIG)
     if any(m in text for m in TIMEOUT_MARKS):
-        found.append("timeout")
-    if CRASH_MARK in text:
-        found.append("crash")
+        found.append(Signal.TIMEOUT)
     return found
 
 
@@ -303,8 +311,9 @@ def _message(report: pytest.TestReport) -> tuple[str, str]:
 
 
 def _crash_line(text: str) -> str:
-    """xdist's "worker 'gwN' crashed while running ..." line, without its platform header."""
-    lines = [line for line in text.splitlines() if CRASH_MARK in line]
+    """The last line of xdist's crash report (which worker crashed in which test), without
+    any header above it."""
+    lines = [line for line in text.splitlines() if line.strip()]
     return first_lines(lines[-1] if lines else text)
 
 
@@ -324,9 +333,12 @@ class CapsafeRun:
         self.gpus = config.stash.get(GPUS_KEY, ())
         self.env_before: dict[Any, Any] = {}
         self.exc_names: dict[tuple[str, str], tuple[str, ...]] = {}
-        # xdist controller only: per worker, tests started and the last one set up.
+        # xdist controller only: per worker, tests started, the last one set up, its pid (from
+        # its reports), and the tests xdist said it crashed in (pytest_handlecrashitem).
         self.started: dict[str, int] = {}
         self.last_setup: dict[str, str] = {}
+        self.worker_pid: dict[str, int] = {}
+        self.crashed: set[tuple[str, str]] = set()
         phase_times.register(config, settings.records, settings.run_id, self.worker)
         neighbor_run.register(
             config, settings.neighbors, settings.records, settings.run_id, self.worker
@@ -428,6 +440,8 @@ class CapsafeRun:
         self, item: pytest.Item, call: pytest.CallInfo[None]
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         report = yield
+        if self.writer is not None and self.worker != "main":
+            setattr(report, PID_ATTR, self.pid)
         if self.writer is not None and call.excinfo is not None:
             names = tuple(cls.__name__ for cls in type(call.excinfo.value).__mro__)
             if capture_errors.capture_error(call.excinfo.value):  # any framework's counts
@@ -477,15 +491,34 @@ class CapsafeRun:
             )
             if leak:
                 row["env_leak"] = leak
-                row["signals"] = [*signals, "env-leak"]
+                row["signals"] = [*signals, Signal.ENV_LEAK]
         self.writer.write(row)
 
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodeready(self, node: Any) -> None:
+        """xdist controller: a new worker process (a replacement keeps the dead one's id)."""
+        self.worker_pid.pop(node.gateway.id, None)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched: Any) -> None:
+        """xdist controller: a worker died while running `crashitem`; its report follows
+        through pytest_runtest_logreport, where the crash row is written (unless another
+        plugin turned the report into a rerun)."""
+        node = getattr(report, "node", None)
+        if node is not None:
+            self.crashed.add((node.gateway.id, crashitem))
+
     def _controller_saw(self, report: pytest.TestReport, worker: str, records: str) -> None:
+        pid = getattr(report, PID_ATTR, None)
+        if isinstance(pid, int):
+            self.worker_pid[worker] = pid
         if report.when == "setup":
             self.started[worker] = self.started.get(worker, 0) + 1
             self.last_setup[worker] = report.nodeid
             return
-        if not (report.failed and CRASH_MARK in report.longreprtext):
+        crashed = (worker, report.nodeid) in self.crashed
+        self.crashed.discard((worker, report.nodeid))
+        if not (crashed and report.failed):
             return
         started = self.started.get(worker, 0)
         index = started - 1 if self.last_setup.get(worker) == report.nodeid else started
@@ -499,8 +532,8 @@ class CapsafeRun:
             "seed": self.settings.seed,
             "worker": worker,
             "index": index,
-            "pid": self._worker_pid(records, worker),
-            "signals": ["crash"],
+            "pid": self.worker_pid.get(worker, 0),  # 0: it died before its first report
+            "signals": [Signal.CRASH],
             "message": _crash_line(report.longreprtext),
             "details": bounded_details(report.longreprtext),
             "start": getattr(report, "start", now - report.duration),
@@ -513,15 +546,3 @@ class CapsafeRun:
                 records_path(records, self.settings.run_id, CONTROLLER, os.getpid())
             )
         self.writer.write(row)
-
-    def _worker_pid(self, records: str, worker: str) -> int:
-        """The crashed worker's pid, read from the newest records file it opened (0 if none)."""
-        prefix = records_path(records, self.settings.run_id, worker, 0)
-        files = sorted(
-            prefix.parent.glob(prefix.name.replace("-0.jsonl", "-*.jsonl")),
-            key=lambda p: p.stat().st_mtime,
-        )
-        try:
-            return int(files[-1].stem.rsplit("-", 1)[1]) if files else 0
-        except ValueError:
-            return 0

@@ -1,4 +1,4 @@
-"""`capsafe sweep`: the command line over harness.sweep.
+"""`capsafe sweep`: the command line over harness.sweep.run.
 
 Arguments after `--` go to every pytest process untouched. argparse itself
 cannot tell them apart from paths (it drops the `--` and merges both into one
@@ -17,8 +17,13 @@ from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
-from . import capture_sweep, classify, gpus, placement, sweep, termination
-from .executor import EXECUTORS, make_executor
+from ..plugin import gpus
+from ..report import placement
+from ..verdicts import catalogue
+from ..verdicts.evidence import VERIFY_TIMES
+from . import capture_sweep, console, phases, run, state, termination
+from .executors import EXECUTORS, make_executor
+from .options import SweepError, SweepOptions
 from .ray_executor import NOT_INSTALLED
 from .shard import parse_shard
 
@@ -42,10 +47,8 @@ example (nightly):
 
 
 def _epilog() -> str:
-    classes = "\n".join(f"  {rule.name:<16} {rule.evidence}" for rule in classify.RULES)
-    return EPILOG.format(
-        k=sweep.VERIFY_TIMES, classes=classes, interrupted=termination.EXIT_CODE_HELP
-    )
+    classes = "\n".join(catalogue.help_lines())
+    return EPILOG.format(k=VERIFY_TIMES, classes=classes, interrupted=termination.EXIT_CODE_HELP)
 
 
 class _SweepParser(argparse.ArgumentParser):
@@ -177,7 +180,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def main(args: argparse.Namespace) -> int:
     try:
         options = options_from(args)
-    except sweep.SweepError as exc:
+    except SweepError as exc:
         return _usage(str(exc))
     print(
         f"capsafe sweep: seed={options.seed} runs={options.runs} workers={options.workers} "
@@ -186,28 +189,28 @@ def main(args: argparse.Namespace) -> int:
     )
     try:
         with termination.stop_signals_interrupt():
-            result = sweep.run_sweep(options)
-    except sweep.SweepError as exc:
+            result = run.run_sweep(options)
+    except SweepError as exc:
         return _usage(str(exc))
     except KeyboardInterrupt:  # a second Ctrl-C, while the partial report was being written
         print(f"capsafe sweep: interrupted; the report in {options.out} may be incomplete",
               file=sys.stderr)  # fmt: skip
-        return sweep.EXIT_INTERRUPTED
-    lines = sweep.console_lines(result)
-    if by_gpu := placement.console_line(options.out / "summary.json"):
+        return phases.EXIT_INTERRUPTED
+    lines = console.console_lines(result)
+    if by_gpu := placement.console_line(result.summary.placement):
         lines.insert(-1, by_gpu)
     for line in lines:
         print(f"capsafe sweep: {line}" if line == result.reason else line, file=sys.stderr)
     return result.exit_code
 
 
-def options_from(args: argparse.Namespace) -> sweep.SweepOptions:
+def options_from(args: argparse.Namespace) -> SweepOptions:
     """Validated SweepOptions; SweepError with a one-line reason for anything wrong."""
     paths = []
     for raw in args.paths:
         path = Path(raw).expanduser()
         if not path.exists():
-            raise sweep.SweepError(f"no such file or directory: {raw}")
+            raise SweepError(f"no such file or directory: {raw}")
         paths.append(path.resolve())
     for name, value, low in (
         ("--runs", args.runs, 1),
@@ -217,9 +220,9 @@ def options_from(args: argparse.Namespace) -> sweep.SweepOptions:
         ("--threads", args.threads, 1),
     ):
         if value < low:
-            raise sweep.SweepError(f"{name} must be at least {low}, got {value}")
+            raise SweepError(f"{name} must be at least {low}, got {value}")
     if not 0 < args.timeout < math.inf:
-        raise sweep.SweepError(f"--timeout must be positive and finite, got {args.timeout:g}")
+        raise SweepError(f"--timeout must be positive and finite, got {args.timeout:g}")
     budget, baseline = verdict_options(args)
     for needed, module, package, why in (
         (args.workers > 0, "xdist", "pytest-xdist", "--workers > 0; or use --workers 0"),
@@ -227,40 +230,40 @@ def options_from(args: argparse.Namespace) -> sweep.SweepOptions:
         (True, "pytest_timeout", "pytest-timeout", "per-test timeouts"),
     ):
         if needed and importlib.util.find_spec(module) is None:
-            raise sweep.SweepError(
+            raise SweepError(
                 f"{package} is not installed (needed for {why}): pip install 'capsafe[harness]'"
             )
     out = args.out if args.out is not None else _default_out()
     if out.exists() and not out.is_dir():
-        raise sweep.SweepError(f"--out {out} exists and is not a directory")
+        raise SweepError(f"--out {out} exists and is not a directory")
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
-    if args.resume and args.seed is None and (out / sweep.STATE_FILE).is_file():
-        seed = int(sweep.resumed_options(out)["seed"])
+    if args.resume and args.seed is None and (out / state.STATE_FILE).is_file():
+        seed = int(state.resumed_options(out)["seed"])
     if seed < 0:
-        raise sweep.SweepError(f"--seed must be a non-negative integer, got {seed}")
+        raise SweepError(f"--seed must be a non-negative integer, got {seed}")
     shard = None
     if args.shard is not None:
         try:
             shard = parse_shard(args.shard)
         except ValueError as exc:
-            raise sweep.SweepError(str(exc)) from None
+            raise SweepError(str(exc)) from None
         if args.seed is None and not args.resume:
-            raise sweep.SweepError("--shard needs --seed S: every shard of a sweep has its seed")
+            raise SweepError("--shard needs --seed S: every shard of a sweep has its seed")
         if shard.count > args.runs:
-            raise sweep.SweepError(f"--shard {shard} with --runs {args.runs}: a shard does whole "
+            raise SweepError(f"--shard {shard} with --runs {args.runs}: a shard does whole "
                                    "runs, so N must be at most --runs")  # fmt: skip
     if args.executor == "ray" and importlib.util.find_spec("ray") is None:
-        raise sweep.SweepError(NOT_INSTALLED)
+        raise SweepError(NOT_INSTALLED)
     if args.address is not None and args.executor != "ray":
-        raise sweep.SweepError("--address needs --executor ray")
+        raise SweepError("--address needs --executor ray")
     try:
         devices = gpus.parse(args.gpus) if args.gpus is not None else ()
     except gpus.GpuError as exc:
-        raise sweep.SweepError(f"--gpus {exc}") from None
+        raise SweepError(f"--gpus {exc}") from None
     if args.executor != "local":  # connect now: an unreachable cluster is a usage error
         make_executor(args.executor, args.address, gpus=bool(devices))
-    sweep.prepare_out(out, resume=args.resume, force=args.force)
-    options = sweep.SweepOptions(
+    state.prepare_out(out, resume=args.resume, force=args.force)
+    options = SweepOptions(
         paths=tuple(paths),
         out=out.resolve(),
         seed=seed,
@@ -284,11 +287,11 @@ def options_from(args: argparse.Namespace) -> sweep.SweepOptions:
         gpus=devices,
     )
     if args.resume:
-        before = sweep.resumed_options(out)
+        before = state.resumed_options(out)
         differ = [k for k, v in options.identity().items() if before.get(k) != v]
         if differ:
             name = differ[0]
-            raise sweep.SweepError(
+            raise SweepError(
                 f"--resume: {name} is {options.identity()[name]!r} here but "
                 f"{before.get(name)!r} in the sweep in {out}; give the same options"
             )
@@ -312,14 +315,14 @@ def add_verdict_options(parser: argparse.ArgumentParser) -> None:
 def verdict_options(args: argparse.Namespace) -> tuple[float | None, frozenset[str]]:
     """--budget checked and the --baseline file read; SweepError with the reason."""
     if args.budget is not None and not args.budget > 0:
-        raise sweep.SweepError(f"--budget must be positive, got {args.budget:g}")
+        raise SweepError(f"--budget must be positive, got {args.budget:g}")
     if args.baseline is None:
         return args.budget, frozenset()
     try:
-        return args.budget, sweep.read_baseline(args.baseline)
+        return args.budget, state.read_baseline(args.baseline)
     except (OSError, UnicodeDecodeError) as exc:
-        reason = sweep.describe_error(exc)
-        raise sweep.SweepError(f"cannot read --baseline {args.baseline}: {reason}") from None
+        reason = state.describe_error(exc)
+        raise SweepError(f"cannot read --baseline {args.baseline}: {reason}") from None
 
 
 def _default_out() -> Path:
@@ -334,4 +337,4 @@ def _default_out() -> Path:
 
 def _usage(reason: str) -> int:
     print(f"capsafe sweep: {reason}", file=sys.stderr)
-    return sweep.EXIT_USAGE
+    return phases.EXIT_USAGE

@@ -1,6 +1,6 @@
 """`capsafe sweep --executor ray`: each pytest process a Ray task, on one machine or a cluster.
 
-The task runs the very command the local executor would (harness.executor's
+The task runs the very command the local executor would (harness.sweep.executor's
 `WatchedProcess`, stall watchdog included) on whichever node Ray picks, so every node
 needs this checkout and this Python at the same paths (or a shared filesystem). The
 command's records directory and the replay file it reads are mapped to a scratch
@@ -33,8 +33,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..plugin.gpus import VISIBLE, as_spec
 from .executor import SWEEP_SHARED_ENV, Chunk, Exit, Launch, WatchedProcess, teardowns
-from .gpus import VISIBLE, as_spec
 from .options import SweepError
 
 RETRIES = 1  # runs of a lost task after the first

@@ -1,6 +1,6 @@
 """The sweep's test processes: pytest command lines, each process run by an executor.
 
-Every process runs through the sweep's executor (harness.executor: this machine by
+Every process runs through the sweep's executor (harness.sweep.executor: this machine by
 default, or Ray) in its own session under a stall watchdog: one that writes nothing
 for `stall_limit` seconds is killed and the test it was in is recorded as timed out,
 so a hang never stops the sweep. One the executor lost (a Ray node died, twice) has
@@ -8,7 +8,7 @@ the test it was in recorded as crashed. `kill_all` (Ctrl-C, an exception in a wo
 thread) kills every live process at once.
 
 With `--gpus`, a process with xdist workers gets the whole device list (the plugin pins
-each worker, harness.gpus) and a single process one device, round-robin.
+each worker, harness.plugin.gpus) and a single process one device, round-robin.
 
 pytest runs where `capsafe sweep` was invoked when the paths lie under it (as
 `pytest PATH` does), so suites that open files relative to the repository root
@@ -35,14 +35,15 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import classify as cl
-from . import order
-from .collection import COLLECT_OUT_ENV, PLUGIN, Collected, read_collected
-from .executor import SWEEP_SHARED_ENV, SWEEP_TMP_ENV, Executor, Launch, make_executor
-from .gpus import VISIBLE, as_spec
+from ..plugin import order
+from ..plugin.collection import COLLECT_OUT_ENV, PLUGIN, Collected, read_collected
+from ..plugin.gpus import VISIBLE, as_spec
+from ..records import Record, Signal, load_records
+from ..verdicts import fold
+from .executor import SWEEP_SHARED_ENV, SWEEP_TMP_ENV, Executor, Launch
+from .executors import make_executor
 from .optional_plugins import quiet_plugin_args
 from .options import SweepError, SweepOptions
-from .records import Record, load_records
 
 __all__ = [
     "PYTEST_NO_RUN",
@@ -71,6 +72,12 @@ class ProcessResult:
     stalled: bool
     log: Path
     malformed: int = 0  # record lines that could not be read (skipped, counted in the notes)
+    killed_in: tuple[str, ...] = ()  # the tests a stalled process was in when it was killed
+
+
+def killed_in(rows: Sequence[Record]) -> tuple[str, ...]:
+    """The tests a process was in when it was killed: set up, never torn down."""
+    return tuple(sorted({group[0]["nodeid"] for group in fold.unfinished(rows)}))
 
 
 class Interrupted(KeyboardInterrupt):
@@ -287,14 +294,19 @@ class Runner:
         rows, malformed = load_records(records)
         if end.interrupted:
             raise Interrupted(
-                ProcessResult(label, end.returncode, cl.finished_rows(rows), False, log, malformed)
+                ProcessResult(
+                    label, end.returncode, fold.finished_rows(rows), False, log, malformed
+                )
             )
         stall = self.options.stall_limit if end.stalled else None
-        added = cl.unfinished_rows(rows, stalled_after=stall)
+        inside = killed_in(rows) if end.stalled and not end.lost else ()
+        added = fold.unfinished_rows(rows, stalled_after=stall)
         if end.lost:
             added = [{**row, "message": end.lost, "details": end.lost} for row in added]
             added = added or _lost_replay_row(cmd, rows, label, end.lost, devices)
-        return ProcessResult(label, end.returncode, rows + added, end.stalled, log, malformed)
+        return ProcessResult(
+            label, end.returncode, rows + added, end.stalled, log, malformed, inside
+        )
 
     def kill_all(self) -> None:
         self.stopping.set()
@@ -318,7 +330,7 @@ def _lost_replay_row(
             return [{
                 "nodeid": nodeid, "phase": "call", "outcome": "failed", "duration": 0.0,
                 "run_id": label, "seed": None, "worker": "main", "index": index, "pid": 0,
-                "signals": ["crash"], "message": why, "details": why, "start": now,
+                "signals": [Signal.CRASH], "message": why, "details": why, "start": now,
                 "stop": now, "time": now, "gpu": devices[0] if len(devices) == 1 else "",
             }]  # fmt: skip
     return []

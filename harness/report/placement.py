@@ -11,34 +11,26 @@ them and counts attempts and failures per GPU for summary.json's `placement`;
 from __future__ import annotations
 
 import html
-import json
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
-from .records import Record, fold_outcome
+from ..verdicts.fold import Attempt
 
 
-def placement_section(rows: Iterable[Record]) -> dict[str, Any] | None:
-    """{"gpus": {gpu: {attempts, failures}}, "findings": [...]}; None when no row is pinned."""
-    outcomes: dict[tuple[str, str, int], list[str]] = {}
-    gpu_of: dict[tuple[str, str, int], str] = {}
-    for row in rows:
-        if row.get("gpu"):  # rows built in memory (not read back) may predate the field
-            key = (row["run_id"], row["nodeid"], row["pid"])
-            outcomes.setdefault(key, []).append(row["outcome"])
-            gpu_of[key] = row["gpu"]
-    if not outcomes:
+def placement_section(attempts: Iterable[Attempt]) -> dict[str, Any] | None:
+    """{"gpus": {gpu: {attempts, failures}}, "findings": [...]}; None when no attempt ran
+    pinned to one GPU."""
+    pinned = [a for a in attempts if a.gpu]
+    if not pinned:
         return None
     per_gpu: dict[str, dict[str, int]] = {}
     per_test: dict[str, dict[str, list[int]]] = {}  # nodeid -> gpu -> [attempts, failures]
-    for key, seen in outcomes.items():
-        failed = fold_outcome(seen) == "failed"
-        gpu = gpu_of[key]
+    for attempt in pinned:
+        failed, gpu = attempt.failed, attempt.gpu
         counts = per_gpu.setdefault(gpu, {"attempts": 0, "failures": 0})
         counts["attempts"] += 1
         counts["failures"] += failed
-        tally = per_test.setdefault(key[1], {}).setdefault(gpu, [0, 0])
+        tally = per_test.setdefault(attempt.nodeid, {}).setdefault(gpu, [0, 0])
         tally[0] += 1
         tally[1] += failed
     findings = []
@@ -94,12 +86,9 @@ def html_section(section: Mapping[str, Any] | None) -> str:
     )
 
 
-def console_line(summary_file: Path) -> str | None:
-    """One line for the end of the console when some test failed on one GPU only."""
-    try:
-        section = json.loads(summary_file.read_text(encoding="utf-8")).get("placement")
-    except (OSError, ValueError):
-        return None
+def console_line(section: Mapping[str, Any] | None) -> str | None:
+    """One line for the end of the console when some test failed on one GPU only
+    (`section`: the summary's `placement`)."""
     findings = section["findings"] if section else []
     if not findings:
         return None

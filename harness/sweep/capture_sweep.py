@@ -1,12 +1,12 @@
 """The sweep's capture-safety part: the `capture-unsafe` evidence, its isolation reruns and
 the hazard attribution, for a sweep run with `--neighbors`.
 
-A test is capture-unsafe when it failed with a capture error (harness.capture_errors)
+A test is capture-unsafe when it failed with a capture error (harness.plugin.capture_errors)
 in some process that had neighbour threads, and passed in every process without
 them (at least one). The sweep gets that control evidence itself: isolation
 reruns alternate without and with neighbours. Such a failure is caused by the
 neighbours, not by another test, so capture-unsafe tests never go to a polluter
-or state-setter search; instead each goes to attribution (harness.attribution).
+or state-setter search; instead each goes to attribution (harness.verdicts.attribution).
 
 Process counts are what a GPU suite's sweep costs (each pytest process imports the
 framework and initializes CUDA), so the reruns of the tests that failed with a
@@ -20,7 +20,7 @@ Last, every capture-unsafe test is rerun beside the same neighbours with
 `--capsafe-protect=FRAMEWORKS` (`--protect`: `auto`, the integrations whose framework
 the suite's interpreter finds; `none`; or names), R times, batched by the same rule:
 a test that passes every batched rerun survived; one that failed in a batch gets R
-alone reruns, and those decide (harness.protect.ProtectedRuns holds the verdict).
+alone reruns, and those decide (report.protection.ProtectedRuns holds the verdict).
 """
 
 from __future__ import annotations
@@ -31,19 +31,20 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from . import attribution as attr
-from . import neighbors as nb
-from . import order
-from .classify import Attempt, attempts
+from ..plugin import neighbors as nb
+from ..plugin import order
+from ..plugin.protect import FRAMEWORKS
+from ..plugin.protect import OPTION as PROTECT_OPTION
+from ..records import Signal
+from ..report.protection import ProtectedRuns
+from ..verdicts import attribution as attr
+from ..verdicts.evidence import CaptureEvidence, Evidence
+from ..verdicts.fold import Attempt, attempts
 from .options import SweepError
-from .protect import FRAMEWORKS, ProtectedRuns
-from .protect import OPTION as PROTECT_OPTION
 
-CAPTURE_SIGNAL = "capture-invalidated"
 NEIGHBOR_CALLS_OPTION = "--capsafe-neighbor-calls"
 AUTO, NO_PROTECTION = "auto", "none"  # the `--protect` choices besides integration names
 
@@ -67,36 +68,8 @@ class Host(Protocol):
         """The integrations whose framework the suite's interpreter finds (`--protect auto`)."""
 
 
-@dataclass
-class CaptureEvidence:
-    """One test's runs split by neighbours: capture failures with, and the control without.
-
-    Control runs alone decide. A batched control run is evidence only when it passed; one
-    that failed sends the test to alone reruns, and from then on only those decide.
-    """
-
-    neighbor_runs: int = 0
-    capture_failures: int = 0
-    control_runs: int = 0  # alone, without neighbours
-    control_failures: int = 0
-    batch_control_passes: int = 0
-    batch_control_failures: int = 0
-
-    @property
-    def suspect(self) -> bool:
-        return self.capture_failures > 0
-
-    @property
-    def capture_unsafe(self) -> bool:
-        if not self.suspect or self.control_failures:
-            return False
-        if self.batch_control_failures:
-            return self.control_runs > 0
-        return self.control_runs + self.batch_control_passes > 0
-
-
 def capture_failure(attempt: Attempt) -> bool:
-    return attempt.failed and CAPTURE_SIGNAL in attempt.signals
+    return attempt.failed and Signal.CAPTURE_INVALIDATED in attempt.signals
 
 
 def _outcomes(tests: Sequence[str], found: dict[tuple[str, str], Attempt]) -> attr.Outcomes:
@@ -113,17 +86,20 @@ def _outcomes(tests: Sequence[str], found: dict[tuple[str, str], Attempt]) -> at
 class CapturePhases:
     """The capture evidence of one sweep, the batched reruns and the attribution."""
 
-    def __init__(self, neighbors: int, calls: Sequence[str] = ()) -> None:
+    def __init__(
+        self, neighbors: int, calls: Sequence[str] = (), store: dict[str, Evidence] | None = None
+    ) -> None:
+        """`store`: the sweep's one evidence store, whose `capture` parts these phases fill."""
         self.neighbors = neighbors
         self.calls = tuple(calls) or (nb.issued_calls() if neighbors else ())
-        self.evidence: dict[str, CaptureEvidence] = {}
+        self.store: dict[str, Evidence] = {} if store is None else store
         self.attributions: dict[str, attr.Attribution] = {}
         self.attribution_processes = 0
         self.protection: dict[str, ProtectedRuns] = {}
         self._lock = threading.Lock()
 
     def _of(self, nodeid: str) -> CaptureEvidence:
-        return self.evidence.setdefault(nodeid, CaptureEvidence())
+        return self.store.setdefault(nodeid, Evidence(nodeid)).capture
 
     def saw(self, attempt: Attempt, *, neighbors: bool, batched: bool = False) -> None:
         """Count one attempt, from a process with or without neighbour threads."""
@@ -136,7 +112,7 @@ class CapturePhases:
             ev = self._of(nodeid)
             if neighbors:
                 ev.neighbor_runs += 1
-                ev.capture_failures += failed and CAPTURE_SIGNAL in signals
+                ev.capture_failures += failed and Signal.CAPTURE_INVALIDATED in signals
             elif batched:
                 ev.batch_control_passes += not failed
                 ev.batch_control_failures += failed
@@ -145,7 +121,7 @@ class CapturePhases:
                 ev.control_failures += failed
 
     def capture_unsafe(self, nodeid: str) -> bool:
-        found = self.evidence.get(nodeid)
+        found = self.store.get(nodeid)
         return found is not None and found.capture_unsafe
 
     # -- isolation --------------------------------------------------------------
@@ -219,7 +195,7 @@ class CapturePhases:
     def protect(self, host: Host, choice: str, runs: int, seeds: Sequence[int]) -> None:
         """Rerun every capture-unsafe test with neighbours and `--capsafe-protect`, `runs`
         times, batched first (see the module doc); `choice` is the `--protect` value."""
-        tests = sorted(n for n in self.evidence if self.capture_unsafe(n))
+        tests = sorted(n for n in list(self.store) if self.capture_unsafe(n))
         if not tests:
             return
         if choice == NO_PROTECTION:

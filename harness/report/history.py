@@ -6,7 +6,7 @@ are the timestamps of the first and the latest sweep of that suite in which the
 test was not `pass`, carried forward on every row, so the newest row alone
 answers "since when, and is it still happening?" the way a hosted flake tracker
 would. The file handling (lock, torn rows, the older format without `suite`) is
-here; the aggregation is pandas, in harness.tables.
+here; the aggregation is pandas, in harness.report.tables.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ Strategy, cheapest first:
    needed together: delta debugging (ddmin) over the whole prefix finds a
    1-minimal set, within `ddmin_cap` replays (the result says when it stopped there).
 Total for a single culprit among n: at most ceil(log2 n) + 2 replays. The sweep
-then verifies what was found, K times each way (harness.sweep), counted apart.
+then verifies what was found, K times each way (harness.sweep.phases), counted apart.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from .order import class_of, module_of
+from ..plugin.order import class_of, module_of
 
 DDMIN_CAP = 100
 """Replays one delta-debugging search may spend before it stops with what it has."""

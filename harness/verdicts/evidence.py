@@ -1,0 +1,81 @@
+"""What the sweep learned about one test across all its processes: its `Evidence`.
+
+The sweep's phases fill one store of `Evidence`, one per test (runs, reruns alone,
+searches, verification, and the capture phases' `CaptureEvidence` inside it); the
+catalogue's rules read it and nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+VERIFY_TIMES = 3  # K: a cause is reported only when it reproduces K times, and K times not without
+
+
+@dataclass
+class CaptureEvidence:
+    """One test's runs split by neighbours: capture failures with, and the control without.
+
+    Control runs alone decide. A batched control run is evidence only when it passed; one
+    that failed sends the test to alone reruns, and from then on only those decide.
+    """
+
+    neighbor_runs: int = 0
+    capture_failures: int = 0
+    control_runs: int = 0  # alone, without neighbours
+    control_failures: int = 0
+    batch_control_passes: int = 0
+    batch_control_failures: int = 0
+
+    @property
+    def suspect(self) -> bool:
+        return self.capture_failures > 0
+
+    @property
+    def capture_unsafe(self) -> bool:
+        if not self.suspect or self.control_failures:
+            return False
+        if self.batch_control_failures:
+            return self.control_runs > 0
+        return self.control_runs + self.batch_control_passes > 0
+
+
+@dataclass
+class Evidence:
+    """What the sweep learned about one test, filled in phase by phase.
+
+    `polluters` and `state_setters` hold only causes verified K times; a cause a
+    search found that did not verify is kept in `unconfirmed`.
+    """
+
+    nodeid: str
+    runs: int = 0
+    failures: int = 0
+    isolation_runs: int = 0
+    isolation_failures: int = 0
+    polluters: list[str] = field(default_factory=list)
+    state_setters: list[str] = field(default_factory=list)
+    unconfirmed: list[str] = field(default_factory=list)
+    concurrent: list[str] = field(default_factory=list)  # set only when parallel-unsafe holds
+    collides_with: list[str] = field(default_factory=list)  # of `concurrent`: confirmed K times
+    collect_error: str | None = None
+    capture: CaptureEvidence = field(default_factory=CaptureEvidence)  # the capture phases'
+    budget_cut: bool = False  # --budget stopped a rerun, search or verification it needed
+    signals: set[str] = field(default_factory=set)
+    message: str = ""
+
+    @property
+    def capture_unsafe(self) -> bool:
+        return self.capture.capture_unsafe
+
+    @property
+    def ran(self) -> bool:
+        return self.runs > 0 or self.isolation_runs > 0
+
+    @property
+    def ever_failed_alone(self) -> bool:
+        return self.isolation_failures > 0
+
+    @property
+    def always_failed_alone(self) -> bool:
+        return self.isolation_runs > 0 and self.isolation_failures == self.isolation_runs
