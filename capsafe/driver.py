@@ -19,7 +19,6 @@ import enum
 import functools
 import inspect
 import logging
-import os
 import threading
 import time
 from collections import Counter
@@ -27,14 +26,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-from capsafe import hazards
+from capsafe import _state, hazards
 from capsafe.backend import Backend
 from capsafe.config import BACKENDS, GATE_POLICIES, runtime_config
 from capsafe.errors import BackendUnavailable, CaptureInvalidated, CudaError, UsageError
 from capsafe.gate import DEFAULT_CAPTURE_TIMEOUT_S, CaptureGate, CaptureGuard
 from capsafe.gate import gate as process_gate
 from capsafe.handles import LEGACY_STREAM, CaptureMode, CaptureStatus, Graph, Stream, StreamKind
-from capsafe.hazard_calls import METHOD_CALLS, STREAM_WAIT_METHODS, STREAM_WORK_METHODS, hazard_call
+from capsafe.hazards.calls import (
+    METHOD_CALLS,
+    STREAM_WAIT_METHODS,
+    STREAM_WORK_METHODS,
+    hazard_call,
+)
 
 log = logging.getLogger("capsafe")
 
@@ -461,13 +465,19 @@ class GatedDriver:
 Backend.register(GatedDriver)  # methods are bound per instance; see GatedDriver.__init__
 
 
-def _reset_after_fork() -> None:
-    # The child starts with no driver: a CUDA context does not survive fork.
+@_state.on_reset
+def _reset(forked: bool) -> None:
+    # A forked child starts with no driver (a CUDA context does not survive fork).
     global _lock, _driver, _facades, _why
-    _lock = threading.Lock()
+    if forked:
+        _lock = threading.Lock()
     _driver = None
     _facades = {}
     _why = ""
 
 
-os.register_at_fork(after_in_child=_reset_after_fork)
+def _adopt(backend: Backend, why: str) -> None:
+    """Make `backend` the process-wide one (`_state.reset_for_tests` only)."""
+    global _driver, _why
+    with _lock:
+        _driver, _why = backend, why

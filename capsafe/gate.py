@@ -38,9 +38,7 @@ fast path: the timeout error reads the holders' live stacks instead.
 
 from __future__ import annotations
 
-import gc
 import logging
-import os
 import sys
 import threading
 import time
@@ -51,6 +49,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from capsafe import _state
+from capsafe._diagnostics import (
+    Holder,
+    Site,
+    capture_timeout_message,
+    current_frames,
+    format_site,
+    holder_site,
+    outer_site,
+    shared_timeout_message,
+    site_of,
+)
 from capsafe.errors import CapsafeError, UsageError
 
 log = logging.getLogger("capsafe")
@@ -66,33 +76,10 @@ _NOT_WAITING, _SHARED_WAIT, _NESTED_WAIT, _CAPTURE_WAIT = 0, 1, 2, 3
 #: the next capture (and a waiting section re-checks the gate this often).
 DEFAULT_FAIRNESS_S = 0.001
 _Deferred = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_STDLIB_DIR = os.path.dirname(os.path.abspath(threading.__file__)) + os.sep
 
 
 class GateTimeout(CapsafeError, TimeoutError):
     """A wait at the gate ran out; the message names who holds it and where."""
-
-
-@dataclass(frozen=True)
-class Holder:
-    """One thread that holds (or waits for) the gate, as seen at one instant."""
-
-    thread_name: str
-    thread_id: int
-    role: str  # "shared", "capture", "waiting capture" or "granted entry"
-    depth: int  # nested shared sections (0 for a capture with none)
-    site: str  # the outermost call site outside capsafe, or "?"
-    now_at: str  # where the thread is executing right now
-    exited: bool = False  # the thread has ended (a capture it began is still open)
-
-    def describe(self) -> str:
-        text = f"thread {self.thread_name!r} ({self.role}"
-        if self.depth:
-            text += f", {self.depth} section{'s' if self.depth > 1 else ''}"
-        if self.exited:
-            return text + f", entered at {self.site}; the owner thread has exited)"
-        return text + f", entered at {self.site}, now at {self.now_at})"
 
 
 @dataclass(frozen=True)
@@ -181,7 +168,7 @@ class CaptureGuard:
         record: _Record,
         harmful: frozenset[str] | None,
         label: str,
-        site: _Site,
+        site: Site,
     ) -> None:
         self._gate = gate
         self._generation = gate._generation
@@ -195,7 +182,7 @@ class CaptureGuard:
     @property
     def site(self) -> str:
         """Where the capture began (the first caller outside capsafe)."""
-        return _format_site(self._site)
+        return format_site(self._site)
 
     @property
     def released(self) -> bool:
@@ -496,7 +483,7 @@ class CaptureGate:
         ends a wait here, nothing is left registered.
         """
         rec = self._record()
-        site = _outer_site(sys._getframe(1))
+        site = outer_site(sys._getframe(1))
         made: list[CaptureGuard] = []  # a guard registered, in case it never reaches the caller
         try:
             return self._begin(rec, harmful, label, site, timeout, made)
@@ -513,7 +500,7 @@ class CaptureGate:
         rec: _Record,
         harmful: frozenset[str] | None,
         label: str,
-        site: _Site,
+        site: Site,
         timeout: float | None,
         made: list[CaptureGuard],
     ) -> CaptureGuard:
@@ -567,7 +554,7 @@ class CaptureGate:
         rec: _Record,
         harmful: frozenset[str] | None,
         label: str,
-        site: _Site,
+        site: Site,
         timeout: float | None,
         made: list[CaptureGuard],
     ) -> CaptureGuard | None:
@@ -731,7 +718,7 @@ class CaptureGate:
             else:
                 continue
             frame = frames.get(rec.thread_id)
-            site = _holder_site(frame)
+            site = holder_site(frame)
             if role == "capture" and owner_guard is not None:
                 site = owner_guard._site
             out.append(
@@ -740,31 +727,25 @@ class CaptureGate:
                     rec.thread_id,
                     role,
                     abs(rec.depth),
-                    _format_site(site),
-                    _format_site(_site_of(frame)),
+                    format_site(site),
+                    format_site(site_of(frame)),
                     exited=dead,
                 )
             )
         return tuple(out)
 
-    def _held_by(self) -> str:
+    def _others(self) -> list[Holder]:
         me = threading.get_ident()
-        holders = [h for h in self._holders_locked() if h.thread_id != me]
-        return "; ".join(h.describe() for h in holders) or "no holder left (it just released)"
+        return [h for h in self._holders_locked() if h.thread_id != me]
 
     def _timeout_message(self, label: str, timeout: float | None) -> str:
-        what = f"capture {label}" if label else "capture"
-        return (
-            f"capture gate: {what} could not begin within {timeout:g} s; held by {self._held_by()}"
-        )
+        return capture_timeout_message(label, timeout, self._others())
 
     def _shared_timeout_message(self, rec: _Record, call: str | None) -> str:
         guard = self._guards[0] if self._guards else None
-        what = f" ({guard.label})" if guard is not None and guard.label else ""
-        return (
-            f"capture gate: {call or 'a gated call'} on thread {rec.thread_name!r} could not "
-            f"enter within {self.shared_timeout:g} s: a capture{what} holds or waits for the "
-            f"gate; held by {self._held_by()}"
+        label = guard.label if guard is not None else ""
+        return shared_timeout_message(
+            call, rec.thread_name, self.shared_timeout, label, self._others()
         )
 
     def stats(self) -> GateStats:
@@ -828,70 +809,8 @@ def _run_deferred(deferred: list[_Deferred]) -> None:
             log.exception("capsafe: deferred teardown %s failed", getattr(fn, "__name__", fn))
 
 
-_Site = tuple[Any, int] | None  # (code object, line): formatted only when someone reads it
-
-
-def _site_of(frame: Any) -> _Site:
-    return None if frame is None else (frame.f_code, frame.f_lineno)
-
-
-def _outer_site(frame: Any) -> _Site:
-    """The innermost frame outside the capsafe package: the caller's own line."""
-    first = frame
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
-        frame = frame.f_back
-    return _site_of(frame if frame is not None else first)
-
-
-def _holder_site(frame: Any) -> _Site:
-    """Where a thread entered the gate, from its live stack: the caller of its outermost
-    capsafe frame, else (a bare `with gate:`) its innermost frame outside the stdlib."""
-    outermost = None
-    f = frame
-    while f is not None:
-        if f.f_code.co_filename.startswith(_PACKAGE_DIR):
-            outermost = f
-        f = f.f_back
-    if outermost is not None:
-        return _site_of(outermost.f_back or outermost)
-    f = frame
-    while f is not None and f.f_code.co_filename.startswith(_STDLIB_DIR):
-        f = f.f_back
-    return _site_of(f if f is not None else frame)
-
-
-def _format_site(site: _Site) -> str:
-    if site is None:
-        return "?"
-    code, line = site
-    return f"{_short(code.co_filename)}:{line} in {code.co_name}"
-
-
-def _short(path: str) -> str:
-    cwd = os.getcwd()
-    return os.path.relpath(path, cwd) if path.startswith(cwd) else path
-
-
 _live_gates: weakref.WeakSet[CaptureGate] = weakref.WeakSet()
 _process_gate: CaptureGate | None = None
-_frames_lock = threading.Lock()  # two callers must not interleave pausing the collector
-
-
-def current_frames() -> dict[int, Any]:
-    """`sys._current_frames()` with the collector paused. On CPython before 3.12 it holds
-    the runtime's thread-list lock while it makes frame objects; a collection they
-    trigger can free a `threading.local`, whose finalizer takes that lock again, and the
-    process hangs (reproduced on 3.11.7: cases/test_gate_regressions.py)."""
-    with _frames_lock:
-        enabled = gc.isenabled()
-        gc.disable()
-        try:
-            return sys._current_frames()
-        finally:
-            if enabled:
-                gc.enable()
-
-
 _process_gate_lock = threading.Lock()
 
 
@@ -905,11 +824,14 @@ def gate() -> CaptureGate:
     return _process_gate
 
 
-def _reset_after_fork() -> None:
-    global _process_gate_lock
+@_state.on_reset
+def _reset(forked: bool) -> None:
+    # A forked child: every gate fresh and unlocked. Between tests: a new process gate
+    # (the facades that held the old one are reset too).
+    global _process_gate_lock, _process_gate
+    if not forked:
+        _process_gate = None
+        return
     _process_gate_lock = threading.Lock()
     for live in list(_live_gates):
         live._after_fork_in_child()
-
-
-os.register_at_fork(after_in_child=_reset_after_fork)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from capsafe import hazards
 from capsafe.handles import CaptureMode, StreamKind
-from capsafe.hazard_actions import BY_NAME
+from capsafe.hazards.actions import BY_NAME
 from capsafe_harness import attribution as attr
 from capsafe_harness.neighbors import issued_calls
 

@@ -19,7 +19,7 @@ from capsafe.driver import GatedDriver
 from capsafe.errors import CapsafeError, CaptureInvalidated, CudaError, UsageError
 from capsafe.gate import CaptureGate
 from capsafe.handles import LEGACY_STREAM, CaptureMode
-from capsafe.hazard_calls import METHOD_CALLS
+from capsafe.hazards.calls import METHOD_CALLS
 
 pytestmark = pytest.mark.timeout(60)
 JOIN_S = 10.0

@@ -9,10 +9,12 @@ import subprocess
 import sys
 import threading
 from collections import Counter
+from collections.abc import Iterator
 
 import pytest
 
 from capsafe import context, driver
+from capsafe._state import reset_for_tests
 from capsafe.backend import Backend
 from capsafe.context import CudaDevice
 from capsafe.errors import BackendUnavailable, CudaError, ForkedProcessError, UsageError
@@ -38,11 +40,18 @@ class CountingSim(SimBackend):
         super().ctx_set_current(ctx)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_registry() -> Iterator[None]:
+    """Devices a test registered are forgotten after it (after monkeypatch undoes `get`)."""
+    yield
+    reset_for_tests()
+
+
 def _use_backend(monkeypatch: pytest.MonkeyPatch, backend: Backend) -> None:
     """Make capsafe.device() hand out devices of `backend`, from an empty registry."""
     backend.init()
     monkeypatch.setattr(context.driver, "get", lambda: backend)
-    monkeypatch.setattr(context, "_devices", {})
+    reset_for_tests()
 
 
 @pytest.fixture

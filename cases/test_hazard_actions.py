@@ -12,8 +12,8 @@ from capsafe import hazards
 from capsafe.backend import Backend
 from capsafe.errors import CudaError
 from capsafe.handles import Stream
-from capsafe.hazard_actions import ACTIONS, BREAKING, BY_NAME, ActionKit, HazardAction
-from capsafe.hazard_calls import hazard_call
+from capsafe.hazards.actions import ACTIONS, BREAKING, BY_NAME, ActionKit, HazardAction
+from capsafe.hazards.calls import hazard_call
 from capsafe.sim import SimBackend
 
 

@@ -10,7 +10,7 @@ import pytest
 from capsafe import context, driver, hazards
 from capsafe.errors import BackendUnavailable, CaptureInvalidated
 from capsafe.handles import CaptureMode
-from capsafe.hazard_actions import BY_NAME
+from capsafe.hazards.actions import BY_NAME
 from capsafe_harness import neighbors as nb
 from capsafe_harness.records import read_records
 

@@ -31,8 +31,8 @@ from capsafe.backend import Backend
 from capsafe.errors import UsageError
 from capsafe.handles import CaptureMode, StreamKind
 
+from ._capture_windows import Windows, exclusive, gate_of
 from ._patch import Patches
-from ._windows import Windows, exclusive, gate_of
 
 windows = Windows()  # builders that are building, by id
 _lock = threading.Lock()

@@ -35,8 +35,8 @@ from capsafe.errors import CudaError, UsageError
 from capsafe.gate import CaptureGate
 from capsafe.handles import CaptureMode, Context, HostPtr, StreamKind
 
+from ._capture_windows import Windows, exclusive
 from ._patch import Patches, defining_class
-from ._windows import Windows, exclusive
 
 #: Driver errors whose CUDA runtime error has the same number: re-raised as CuPy's own
 #: CUDARuntimeError, so CuPy's pool still frees cached blocks and retries on out-of-memory

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from capsafe import hazards
 from capsafe.errors import cuda_error
 from capsafe.handles import CaptureMode, CaptureStatus, Stream, StreamKind
-from capsafe.hazard_calls import hazard_call
+from capsafe.hazards.calls import hazard_call
 from capsafe.sim.memory import Alloc, ContextMemory
 from capsafe.sim.streams import Node, StreamState
 
