@@ -8,6 +8,8 @@ See docs/kernel_cache.md.
 
 from __future__ import annotations
 
+import os  # noqa: F401  (tests reach the os module as kernel_cache.os)
+
 from capsafe import _state
 from capsafe.kernel_cache import lock, settings
 from capsafe.kernel_cache.format import FORMAT_VERSION, HEADER_SIZE, KINDS, MAGIC
