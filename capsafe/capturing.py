@@ -19,7 +19,7 @@ import time
 
 from capsafe import driver as _driver
 from capsafe.backend import Backend
-from capsafe.errors import CaptureInvalidated, CudaError, UsageError
+from capsafe.errors import CaptureInvalidated, CudaError, UsageError, raised_here
 from capsafe.handles import CaptureMode, Graph, GraphExec, Stream
 
 
@@ -43,8 +43,21 @@ class Capture:
         if self._started is not None:
             raise UsageError("a Capture is single-use; create a new one for the next window")
         self._started = time.monotonic()
-        self.driver.stream_begin_capture(self.stream, self.mode)
+        try:
+            self.driver.stream_begin_capture(self.stream, self.mode)
+        except BaseException as exc:
+            if raised_here(exc):  # a signal after the capture began: `with` will not end it
+                self._abandon()
+            raise
         return self
+
+    def _abandon(self) -> None:
+        # End the capture this object began and drop its graph (the facade releases the gate).
+        try:
+            graph = self.driver.stream_end_capture(self.stream)
+        except CudaError:
+            return
+        self.driver.graph_destroy(graph)
 
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         try:

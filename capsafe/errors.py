@@ -48,3 +48,14 @@ def cuda_error(result: str, call: str, detail: str = "") -> CudaError:
     """Build the right `CudaError` subclass for a CUresult name."""
     cls = CaptureInvalidated if result == "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED" else CudaError
     return cls(result, call, detail)
+
+
+def raised_here(exc: BaseException) -> bool:
+    """True when `exc` was raised in the frame that caught it, not inside a call it made.
+
+    Inside a `try` around one call, that means an asynchronous exception (a signal:
+    CPython raises it when a call returns) landed after the call returned, so what
+    the call did must be undone or finished by the catching frame.
+    """
+    tb = exc.__traceback__
+    return tb is not None and tb.tb_next is None

@@ -38,6 +38,7 @@ fast path: the timeout error reads the holders' live stacks instead.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import threading
@@ -193,8 +194,17 @@ class CaptureGuard:
         return self.record.thread_name
 
     def release(self) -> bool:
-        """Give the exclusive side back and run deferred teardown; False if already released."""
-        return self._gate._release(self)
+        """Give the exclusive side back and run deferred teardown; False if already released.
+
+        An exception that lands inside (a signal at the internal release's entry, in a
+        wake-up) is caught, the release finished, and the exception raised again: the
+        guard is never left registered by a release that raised.
+        """
+        try:
+            return self._gate._release(self)
+        except BaseException:
+            self._gate._finish_release(self)
+            raise
 
     def __enter__(self) -> CaptureGuard:
         return self
@@ -250,6 +260,7 @@ class CaptureGate:
         self._writers_waiting = 0
         self._closed = False  # a capture holds or waits for the exclusive side
         self._deferred: list[_Deferred] = []
+        self._teardown: list[_Deferred] = []  # other threads' destroys, run at the window's end
         self._generation = getattr(self, "_generation", 0) + 1
         self._retired_entered = 0
         self._contended = self._capture_waits = self._bypassed = self._admitted = 0
@@ -330,6 +341,59 @@ class CaptureGate:
             yield
         finally:
             self.exit()
+
+    def wrap(
+        self,
+        fn: Callable[..., Any],
+        call: str | None = None,
+        classify: Callable[..., str | None] | None = None,
+    ) -> Callable[..., Any]:
+        """`fn` inside one shared section named `call` (or `classify(*args)`; None runs it
+        ungated), closed however the call ends.
+
+        Also when a signal lands between `enter()` returning and the call, or at the
+        entry of `exit()`: the first is told by the exception's traceback ending in
+        this frame (it did not come from inside `enter`), the second by the depth that
+        `exit()` did not change. Either way the section is closed and the exception
+        raised on; nothing is added to the uncontended path but two attribute loads.
+        """
+        enter, exit_, tls = self.enter, self.exit, self._tls
+
+        def section(name: str | None, *args: Any, **kwargs: Any) -> Any:
+            try:
+                enter(name)
+            except BaseException as exc:
+                tb = exc.__traceback__
+                if tb is not None and tb.tb_next is None:  # after enter returned: ours
+                    depth = tls.rec.depth
+                    try:
+                        exit_()
+                    except BaseException:
+                        if tls.rec.depth == depth:
+                            exit_()
+                        raise
+                raise
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                depth = tls.rec.depth
+                try:
+                    exit_()
+                except BaseException:
+                    if tls.rec.depth == depth:  # it landed before exit() changed anything
+                        exit_()
+                    raise
+
+        if classify is None:
+            return functools.partial(section, call)  # no second Python frame on the hot path
+
+        def by_args(*args: Any, **kwargs: Any) -> Any:
+            name = classify(*args, **kwargs)
+            if name is None:
+                return fn(*args, **kwargs)
+            return section(name, *args, **kwargs)
+
+        return by_args
 
     def _admissible(self, call: str | None) -> bool:
         # Measured policy: a named call the open captures cannot be broken by may run
@@ -472,6 +536,7 @@ class CaptureGate:
         harmful: frozenset[str] | None = None,
         label: str = "",
         timeout: float | None = DEFAULT_CAPTURE_TIMEOUT_S,
+        into: list[CaptureGuard] | None = None,
     ) -> CaptureGuard:
         """Take the exclusive side for one capture window.
 
@@ -480,20 +545,24 @@ class CaptureGate:
         `timeout`: seconds to wait before raising `GateTimeout` naming the holders
         (None waits forever). The calling thread may already be inside shared
         sections (they are set aside) or own the gate (captures nest). Whatever
-        ends a wait here, nothing is left registered.
+        ends a wait here, nothing is left registered. `into`: a list the guard is
+        appended to in the same step that registers it, so a caller whose code a
+        signal interrupts right after this call returns still finds (and releases) it.
         """
         rec = self._record()
         site = outer_site(sys._getframe(1))
-        made: list[CaptureGuard] = []  # a guard registered, in case it never reaches the caller
+        made: list[CaptureGuard] = [] if into is None else into
         try:
-            return self._begin(rec, harmful, label, site, timeout, made)
+            guard = self._begin(rec, harmful, label, site, timeout, made)
+            if self._deferred:
+                self._flush_orphans()
+            return guard
         except BaseException:
             for guard in made:  # a signal landed after the registration: give it back
                 guard.release()
-            raise
-        finally:
             if self._deferred:
                 self._flush_orphans()
+            raise
 
     def _begin(
         self,
@@ -534,6 +603,8 @@ class CaptureGate:
                 self._closed = self._owner is not None or self._writers_waiting > 0
                 self._may_enter.notify_all()  # others waited on us: let them look again
                 self._may_capture.notify_all()
+                if not self._closed and self._teardown:
+                    self._run_teardown_locked()  # the window it waited for never came
                 raise
             # Stores only until the guard is registered (see _release).
             rec.waiting = _NOT_WAITING
@@ -627,6 +698,8 @@ class CaptureGate:
                 guard._released = True
                 return True  # taken before fork: the child's gate never held it
             remaining = [g for g in self._guards if g is not guard]
+            if not remaining and self._teardown:
+                self._run_teardown_locked()  # still exclusive: nothing begins beside it
             # Stores only from here to the end of the transition: a signal lands at a
             # call, so the gate is never left half released (owner kept, guard gone).
             guard._released = True
@@ -644,6 +717,16 @@ class CaptureGate:
             self._may_capture.notify_all()
         _run_deferred(deferred)
         return True
+
+    def _finish_release(self, guard: CaptureGuard) -> None:
+        # A release an exception interrupted: finish it (a no-op when it got that far),
+        # then do the wake-ups and deferred teardown it may have skipped.
+        self._release(guard)
+        with self._lock:
+            self._may_enter.notify_all()
+            self._may_capture.notify_all()
+        if self._deferred:
+            self._flush_orphans()
 
     def _wake_waiting_sections(self) -> bool:
         # Sections that waited fairness_s or longer enter before the next capture, so
@@ -695,17 +778,45 @@ class CaptureGate:
         self._deferred_total += 1
         return True
 
+    def defer_while_closed(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
+        """Queue teardown that must neither wait nor run beside a capture; False: run it now.
+
+        While any thread's capture holds or waits for the exclusive side, `fn` runs
+        at that capture's end (at once if none is open or coming by then), so the
+        caller never stalls: a helper that ends captures for other threads and
+        destroys their finished graphs does not wait for the next capture. Errors
+        of the deferred call are logged.
+        """
+        if not self._closed:
+            return False
+        with self._lock:
+            if not self._closed:
+                return False
+            self._teardown.append((fn, args, kwargs))
+            self._deferred_total += 1
+        return True
+
+    def _run_teardown_locked(self) -> None:
+        # Called under the lock while no other thread can begin a capture (the ending
+        # one still holds the exclusive side, or none holds or waits for it).
+        teardown, self._teardown = self._teardown, []
+        _run_deferred(teardown)
+
     # -- observability --------------------------------------------------------
     def holders(self) -> tuple[Holder, ...]:
         """Threads holding or waiting for the gate now, with call sites from their live stacks."""
         with self._lock:
             return self._holders_locked()
 
-    def _holders_locked(self) -> tuple[Holder, ...]:
+    def _holders_locked(self, skip: _Record | None = None) -> tuple[Holder, ...]:
+        # Threads are told apart by their record (one per live Thread object), never by
+        # ident: a new thread may reuse an exited holder's ident.
         frames = current_frames()
         owner_guard = self._guards[0] if self._guards else None
         out = []
         for rec in self._records:
+            if rec is skip:
+                continue
             dead = rec.dead()
             if rec is self._owner:
                 role = "capture"
@@ -717,7 +828,7 @@ class CaptureGate:
                 role = "shared"
             else:
                 continue
-            frame = frames.get(rec.thread_id)
+            frame = None if dead else frames.get(rec.thread_id)  # a reused ident is not ours
             site = holder_site(frame)
             if role == "capture" and owner_guard is not None:
                 site = owner_guard._site
@@ -734,9 +845,8 @@ class CaptureGate:
             )
         return tuple(out)
 
-    def _others(self) -> list[Holder]:
-        me = threading.get_ident()
-        return [h for h in self._holders_locked() if h.thread_id != me]
+    def _others(self) -> tuple[Holder, ...]:
+        return self._holders_locked(skip=getattr(self._tls, "rec", None))
 
     def _timeout_message(self, label: str, timeout: float | None) -> str:
         return capture_timeout_message(label, timeout, self._others())

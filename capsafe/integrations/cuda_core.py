@@ -28,7 +28,7 @@ from typing import Any
 
 from capsafe import driver as _driver
 from capsafe.backend import Backend
-from capsafe.errors import UsageError
+from capsafe.errors import UsageError, raised_here
 from capsafe.handles import CaptureMode, StreamKind
 
 from ._capture_windows import Windows, exclusive, gate_of
@@ -151,18 +151,25 @@ def _kind(builder: Any) -> StreamKind:
     )
 
 
-def _begin(driver: Backend, builder: Any, mode: str, begin: Any) -> Any:
+def _begin(driver: Backend, builder: Any, mode: str, begin: Any, close: Any, hooked: bool) -> Any:
+    """`begin(builder, mode)` in a window; when this raises, nothing is building or held."""
     ours = CaptureMode.parse(mode)
-    return windows.begin(
-        id(builder),
-        lambda: exclusive(
-            driver,
-            ours,
-            lambda: _kind(builder),
-            f"cuda.core GraphBuilder {id(builder):#x} ({ours})",
-        ),
-        lambda: begin(builder, mode),
-    )
+    label = f"cuda.core GraphBuilder {id(builder):#x} ({ours})"
+    abort = functools.partial(close, builder)  # closing a builder ends its capture
+    try:
+        result = windows.begin(
+            id(builder),
+            lambda into: exclusive(driver, ours, lambda: _kind(builder), label, into),
+            functools.partial(begin, builder, mode),
+            abort,
+            lambda: builder.is_building,
+            hooked=hooked,
+        )
+    except BaseException as exc:
+        if raised_here(exc):  # it landed after the window opened: close it again
+            windows.undo_begin(id(builder), abort, lambda: builder.is_building)
+        raise
+    return result
 
 
 class _Installation:
@@ -188,7 +195,14 @@ class _Installation:
         begin, end, close = self.original_begin, self.original_end, self.original_close
 
         def begin_building(builder: Any, mode: str = "relaxed") -> Any:
-            return _begin(driver, builder, mode, begin)
+            try:
+                result = _begin(driver, builder, mode, begin, close, True)
+            except BaseException as exc:
+                if raised_here(exc):  # it landed after the window opened: close it again
+                    abort = functools.partial(close, builder)
+                    windows.undo_begin(id(builder), abort, lambda: builder.is_building)
+                raise
+            return result
 
         def end_building(builder: Any) -> Any:
             return windows.end(id(builder), lambda: end(builder), lambda: builder.is_building)
@@ -199,6 +213,7 @@ class _Installation:
         self.patches.replace(builder_cls, "begin_building", begin_building)
         self.patches.replace(builder_cls, "end_building", end_building)
         self.patches.replace(builder_cls, "close", close_builder)
+        windows.hooked = True
 
 
 def install(driver: Backend | None = None) -> bool:
@@ -220,11 +235,12 @@ def uninstall() -> bool:
     with _lock:
         if _installed is None:
             return False
-        if len(windows):
+        try:
+            windows.unhook("graph builder(s) still building")
+        except RuntimeError as busy:
             raise UsageError(
-                f"capsafe.integrations.cuda_core: {len(windows)} graph builder(s) still "
-                "building; end them before uninstalling"
-            )
+                f"capsafe.integrations.cuda_core: {busy}; end the graph builder before uninstalling"
+            ) from None
         _installed.patches.restore()
         _installed = None
         return True
@@ -264,7 +280,13 @@ def capture(
     begin = state.original_begin if state is not None else builder_cls.begin_building
     end = state.original_end if state is not None else builder_cls.end_building
     close = state.original_close if state is not None else builder_cls.close
-    _begin(driver, builder, CaptureMode.parse(mode).value, begin)
+    try:
+        _begin(driver, builder, CaptureMode.parse(mode).value, begin, close, False)
+    except BaseException as exc:
+        if raised_here(exc):  # it landed after the window opened: close it again
+            abort = functools.partial(close, builder)
+            windows.undo_begin(id(builder), abort, lambda: builder.is_building)
+        raise
     try:
         yield builder
     except BaseException:
