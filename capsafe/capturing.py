@@ -46,7 +46,9 @@ class Capture:
         try:
             self.driver.stream_begin_capture(self.stream, self.mode)
         except BaseException as exc:
-            if raised_here(exc):  # a signal after the capture began: `with` will not end it
+            if raised_here(
+                exc, type(self.driver).stream_begin_capture
+            ):  # a signal after the capture began: `with` will not end it
                 self._abandon()
             raise
         return self
@@ -68,6 +70,10 @@ class Capture:
             if exc is None:
                 raise
             return  # the body's own error is the story
+        except BaseException:
+            # A signal: at the end call's entry it ended nothing yet, so end it here.
+            self._abandon()
+            raise
         finally:
             assert self._started is not None
             self.seconds = time.monotonic() - self._started

@@ -62,7 +62,7 @@ from capsafe._diagnostics import (
     shared_timeout_message,
     site_of,
 )
-from capsafe.errors import CapsafeError, UsageError
+from capsafe.errors import CapsafeError, UsageError, raised_here
 
 log = logging.getLogger("capsafe")
 
@@ -352,8 +352,8 @@ class CaptureGate:
         ungated), closed however the call ends.
 
         Also when a signal lands between `enter()` returning and the call, or at the
-        entry of `exit()`: the first is told by the exception's traceback ending in
-        this frame (it did not come from inside `enter`), the second by the depth that
+        entry of `exit()`: the first is told by the exception's traceback (`errors.raised_here`:
+        it did not come from inside `enter`), the second by the depth that
         `exit()` did not change. Either way the section is closed and the exception
         raised on; nothing is added to the uncontended path but two attribute loads.
         """
@@ -363,8 +363,7 @@ class CaptureGate:
             try:
                 enter(name)
             except BaseException as exc:
-                tb = exc.__traceback__
-                if tb is not None and tb.tb_next is None:  # after enter returned: ours
+                if raised_here(exc, enter):  # it landed after enter returned: the section is ours
                     depth = tls.rec.depth
                     try:
                         exit_()
@@ -374,8 +373,11 @@ class CaptureGate:
                         raise
                 raise
             try:
-                return fn(*args, **kwargs)
+                result = fn(*args, **kwargs)  # stored, not returned: see the finally below
             finally:
+                # Not reached by a `return` inside the try: CPython copies the finally
+                # body after that return's call, outside the try, where a signal would
+                # skip it.
                 depth = tls.rec.depth
                 try:
                     exit_()
@@ -383,6 +385,7 @@ class CaptureGate:
                     if tls.rec.depth == depth:  # it landed before exit() changed anything
                         exit_()
                     raise
+            return result
 
         if classify is None:
             return functools.partial(section, call)  # no second Python frame on the hot path

@@ -96,12 +96,13 @@ class Windows:
         began, and the guard is released.
         """
         made: list[CaptureGuard] = []
+        token = id(made)
         calling = False
         try:
             with self._lock:
                 alone = hooked and not self.hooked  # uninstalled while on its way in
                 if not alone:
-                    self._beginning[id(made)] = (threading.current_thread(), made)
+                    self._beginning[token] = (threading.current_thread(), made)
             if alone:
                 return begin()
             take(made)
@@ -114,13 +115,13 @@ class Windows:
             result = begin()
             if made:
                 self._record(key, made[0], early)
+            self._beginning.pop(token, None)  # inside the try: a signal after it undoes all
         except BaseException as exc:
+            self._beginning.pop(token, None)
             # An Exception from the framework's begin is a refusal: nothing began.
             began = calling and not isinstance(exc, Exception)
             self._undo(key, made, abort, still_active if began else None)
             raise
-        finally:
-            self._beginning.pop(id(made), None)
         return result
 
     def _record(self, key: Hashable, guard: CaptureGuard, early: bool) -> None:
@@ -164,13 +165,22 @@ class Windows:
 
         Also when the end call raises, unless `still_active()` says the capture is
         still open and intact (the driver refused to end it, e.g. from the wrong
-        thread): then the guard stays, for the end call that really ends it.
+        thread): then the guard stays, for the end call that really ends it. A
+        signal (an exception that is not an `Exception`) before the framework's end
+        ran is followed by that end, so the capture ends and the guard goes back.
         """
-        with self._lock:
-            taken = self._open.get(key)
+        taken = self._open.get(key)
         try:
             result = end()
-        except BaseException:
+        except BaseException as exc:
+            # A signal that landed before the framework ended it: end it now.
+            if (
+                not isinstance(exc, Exception)
+                and still_active is not None
+                and _safely(still_active)
+            ):
+                with suppress(Exception):
+                    end()
             if taken is not None and still_active is not None and _safely(still_active):
                 raise  # still open: the guard stays for the end call that ends it
             try:
@@ -185,6 +195,20 @@ class Windows:
             self._forget(key, taken)
             raise
         return result
+
+    def finish(
+        self, key: Hashable, end: Callable[[], object], still_active: Callable[[], bool]
+    ) -> None:
+        """After an end call that a signal interrupted: end the capture if it is still open,
+        and release its guard (nothing when the end got that far)."""
+        taken = self._open.get(key)
+        if taken is None:
+            return
+        if _safely(still_active):
+            with suppress(Exception):
+                end()
+        if not _safely(still_active):
+            self._forget(key, taken)
 
     def _forget(self, key: Hashable, taken: CaptureGuard | None) -> None:
         # Drop the key's guard and release it; a second call does nothing.

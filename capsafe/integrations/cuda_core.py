@@ -22,8 +22,9 @@ from __future__ import annotations
 import functools
 import importlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from functools import partial
 from typing import Any
 
 from capsafe import driver as _driver
@@ -166,10 +167,14 @@ def _begin(driver: Backend, builder: Any, mode: str, begin: Any, close: Any, hoo
             hooked=hooked,
         )
     except BaseException as exc:
-        if raised_here(exc):  # it landed after the window opened: close it again
+        if raised_here(exc, Windows.begin):  # it landed after the window opened: close it again
             windows.undo_begin(id(builder), abort, lambda: builder.is_building)
         raise
     return result
+
+
+def _building(builder: Any) -> Callable[[], bool]:
+    return lambda: bool(builder.is_building)
 
 
 class _Installation:
@@ -198,17 +203,30 @@ class _Installation:
             try:
                 result = _begin(driver, builder, mode, begin, close, True)
             except BaseException as exc:
-                if raised_here(exc):  # it landed after the window opened: close it again
+                if raised_here(exc, _begin):  # it landed after the window opened: close it again
                     abort = functools.partial(close, builder)
                     windows.undo_begin(id(builder), abort, lambda: builder.is_building)
                 raise
             return result
 
+        # Inline, not a helper: a signal at a helper's entry would end nothing.
         def end_building(builder: Any) -> Any:
-            return windows.end(id(builder), lambda: end(builder), lambda: builder.is_building)
+            try:
+                result = windows.end(id(builder), partial(end, builder), _building(builder))
+            except BaseException as exc:
+                if not isinstance(exc, Exception):  # a signal, maybe at windows.end's entry
+                    windows.finish(id(builder), partial(end, builder), _building(builder))
+                raise
+            return result
 
         def close_builder(builder: Any) -> Any:
-            return windows.end(id(builder), lambda: close(builder))
+            try:
+                result = windows.end(id(builder), partial(close, builder))
+            except BaseException as exc:
+                if not isinstance(exc, Exception):  # a signal, maybe at windows.end's entry
+                    windows.finish(id(builder), partial(close, builder), _building(builder))
+                raise
+            return result
 
         self.patches.replace(builder_cls, "begin_building", begin_building)
         self.patches.replace(builder_cls, "end_building", end_building)
@@ -283,7 +301,7 @@ def capture(
     try:
         _begin(driver, builder, CaptureMode.parse(mode).value, begin, close, False)
     except BaseException as exc:
-        if raised_here(exc):  # it landed after the window opened: close it again
+        if raised_here(exc, _begin):  # it landed after the window opened: close it again
             abort = functools.partial(close, builder)
             windows.undo_begin(id(builder), abort, lambda: builder.is_building)
         raise
@@ -291,6 +309,16 @@ def capture(
         yield builder
     except BaseException:
         with suppress(Exception):  # the body's error is the story; close ends the capture
-            windows.end(id(builder), lambda: close(builder))
+            try:
+                windows.end(id(builder), partial(close, builder))
+            except BaseException as exc:
+                if not isinstance(exc, Exception):  # a signal, maybe at windows.end's entry
+                    windows.finish(id(builder), partial(close, builder), _building(builder))
+                raise
         raise
-    windows.end(id(builder), lambda: end(builder), lambda: builder.is_building)
+    try:
+        windows.end(id(builder), partial(end, builder), _building(builder))
+    except BaseException as exc:
+        if not isinstance(exc, Exception):  # a signal, maybe at windows.end's entry
+            windows.finish(id(builder), partial(end, builder), _building(builder))
+        raise

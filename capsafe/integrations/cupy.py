@@ -211,7 +211,7 @@ def _begin_window(
             hooked=hooked,
         )
     except BaseException as exc:
-        if raised_here(exc):  # it landed after the window opened: close it again
+        if raised_here(exc, Windows.begin):  # it landed after the window opened: close it again
             windows.undo_begin(stream.ptr, abort, stream.is_capturing)
         raise
 
@@ -237,14 +237,25 @@ class _Installation:
             try:
                 _begin_window(driver, cupy, stream, mode, begin, end, True)
             except BaseException as exc:
-                if raised_here(exc):  # it landed after the window opened: close it again
+                if raised_here(
+                    exc, _begin_window
+                ):  # it landed after the window opened: close it again
                     windows.undo_begin(
                         stream.ptr, functools.partial(end, stream), stream.is_capturing
                     )
                 raise
 
         def end_capture(stream: Any) -> Any:
-            return windows.end(stream.ptr, lambda: end(stream), stream.is_capturing)
+            # Inline, not a helper: a signal at a helper's entry would end nothing.
+            try:
+                result = windows.end(
+                    stream.ptr, functools.partial(end, stream), stream.is_capturing
+                )
+            except BaseException as exc:
+                if not isinstance(exc, Exception):  # a signal, maybe at windows.end's entry
+                    windows.finish(stream.ptr, functools.partial(end, stream), stream.is_capturing)
+                raise
+            return result
 
         begin_capture.__doc__, end_capture.__doc__ = begin.__doc__, end.__doc__
         self.patches.replace(owner, "begin_capture", begin_capture)
@@ -352,7 +363,7 @@ def capture(
             stream.ptr, take, functools.partial(begin, stream, native), abort, stream.is_capturing
         )
     except BaseException as exc:
-        if raised_here(exc):  # it landed after the window opened: close it again
+        if raised_here(exc, Windows.begin):  # it landed after the window opened: close it again
             windows.undo_begin(stream.ptr, abort, stream.is_capturing)
         raise
     try:
@@ -360,6 +371,16 @@ def capture(
             yield result
     except BaseException:
         with suppress(Exception):  # the body's error is the story; the capture is over anyway
-            windows.end(stream.ptr, lambda: end(stream))
+            try:
+                windows.end(stream.ptr, functools.partial(end, stream))
+            except BaseException as exc:
+                if not isinstance(exc, Exception):  # a signal, maybe at windows.end's entry
+                    windows.finish(stream.ptr, functools.partial(end, stream), stream.is_capturing)
+                raise
         raise
-    result.graph = windows.end(stream.ptr, lambda: end(stream), stream.is_capturing)
+    try:
+        result.graph = windows.end(stream.ptr, functools.partial(end, stream), stream.is_capturing)
+    except BaseException as exc:
+        if not isinstance(exc, Exception):  # a signal, maybe at windows.end's entry
+            windows.finish(stream.ptr, functools.partial(end, stream), stream.is_capturing)
+        raise
