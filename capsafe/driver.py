@@ -159,8 +159,6 @@ NO_ROW_UNGATED: dict[str, str] = {
 NO_ROW_GATED: dict[str, str] = {
     "event_query": "cuEventQuery on an event of the capturing stream is illegal mid-capture",
     "graph_instantiate": "not in the hazard matrix",
-    "graph_destroy": "not in the hazard matrix",
-    "graph_exec_destroy": "not in the hazard matrix",
 }
 
 

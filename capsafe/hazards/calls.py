@@ -38,6 +38,8 @@ METHOD_CALLS: dict[str, str] = {
     "mem_set_access": "vmm_map",
     "mem_unmap": "vmm_unmap",
     "mem_release": "vmm_unmap",
+    "graph_destroy": "graph_destroy",
+    "graph_exec_destroy": "graph_exec_destroy",
     "mem_address_free": "vmm_unmap",
 }
 
