@@ -259,7 +259,11 @@ def uninstall() -> bool:
             raise UsageError(
                 f"capsafe.integrations.cuda_core: {busy}; end the graph builder before uninstalling"
             ) from None
-        _installed.patches.restore()
+        try:
+            _installed.patches.restore()
+        except BaseException:
+            windows.hooked = True  # still installed: hooked begins keep taking the gate
+            raise
         _installed = None
         return True
 

@@ -308,7 +308,11 @@ def uninstall() -> bool:
             raise UsageError(
                 f"capsafe.integrations.cupy: {busy}; end the capture before uninstalling"
             ) from None
-        _installed.undo()
+        try:
+            _installed.undo()
+        except BaseException:
+            windows.hooked = True  # still installed: hooked begins keep taking the gate
+            raise
         _installed = None
         return True
 
