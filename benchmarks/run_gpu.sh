@@ -44,7 +44,7 @@ step hazard_matrix $PY -m capsafe_repro.hazard_matrix --backend "$CAPSAFE_BACKEN
 step hazard_matrix_cross_device bash -c 'o=$("$0" -m capsafe_repro.hazard_matrix --backend "$1" --cross-device --compare --json "$2" 2>&1); rc=$?; echo "$o"; [ $rc -eq 0 ] || { [ $rc -eq 2 ] && grep -q "needs 2 devices" <<<"$o"; }' "$PY" "$CAPSAFE_BACKEND" "$OUT/hazard_matrix_cross_device.jsonl"
 step capture_race_off $PY -m capsafe_repro.capture_race --backend "$CAPSAFE_BACKEND" --mode global --gate off --threads 4 --seconds 2 --json "$OUT/capture_race_off.json"
 step capture_race_on $PY -m capsafe_repro.capture_race --backend "$CAPSAFE_BACKEND" --mode global --gate on --threads 4 --seconds 2 --json "$OUT/capture_race_on.json"
-# Gate on, every capture-breaking action of capsafe.hazard_actions, each capture mode: >= 10,000 captures each, 0 invalidated.
+# Gate on, every capture-breaking action of capsafe.hazards.actions, each capture mode: >= 10,000 captures each, 0 invalidated.
 step capture_race_hazards_global $PY -m capsafe_repro.capture_race --backend "$CAPSAFE_BACKEND" --mode global --gate on --threads 4 --seconds 6 --hazards --json "$OUT/capture_race_hazards_global.json"
 step capture_race_hazards_thread_local $PY -m capsafe_repro.capture_race --backend "$CAPSAFE_BACKEND" --mode thread_local --gate on --threads 4 --seconds 6 --hazards --json "$OUT/capture_race_hazards_thread_local.json"
 step capture_race_hazards_relaxed $PY -m capsafe_repro.capture_race --backend "$CAPSAFE_BACKEND" --mode relaxed --gate on --threads 4 --seconds 6 --hazards --json "$OUT/capture_race_hazards_relaxed.json"

@@ -19,7 +19,7 @@ import time
 
 from capsafe import driver as _driver
 from capsafe.backend import Backend
-from capsafe.errors import CaptureInvalidated, CudaError, UsageError
+from capsafe.errors import CaptureInvalidated, CudaError, UsageError, raised_here
 from capsafe.handles import CaptureMode, Graph, GraphExec, Stream
 
 
@@ -43,8 +43,23 @@ class Capture:
         if self._started is not None:
             raise UsageError("a Capture is single-use; create a new one for the next window")
         self._started = time.monotonic()
-        self.driver.stream_begin_capture(self.stream, self.mode)
+        try:
+            self.driver.stream_begin_capture(self.stream, self.mode)
+        except BaseException as exc:
+            if raised_here(
+                exc, type(self.driver).stream_begin_capture
+            ):  # a signal after the capture began: `with` will not end it
+                self._abandon()
+            raise
         return self
+
+    def _abandon(self) -> None:
+        # End the capture this object began and drop its graph (the facade releases the gate).
+        try:
+            graph = self.driver.stream_end_capture(self.stream)
+        except CudaError:
+            return
+        self.driver.graph_destroy(graph)
 
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         try:
@@ -55,6 +70,10 @@ class Capture:
             if exc is None:
                 raise
             return  # the body's own error is the story
+        except BaseException:
+            # A signal: at the end call's entry it ended nothing yet, so end it here.
+            self._abandon()
+            raise
         finally:
             assert self._started is not None
             self.seconds = time.monotonic() - self._started

@@ -25,9 +25,9 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Generic, TypeVar
 
+from capsafe._diagnostics import outside_frame
 from capsafe.errors import CapsafeError, UsageError
 
 T = TypeVar("T")
@@ -37,7 +37,6 @@ REMEDY = (
     "run each configuration phase in its own child process (subprocess, or multiprocessing "
     "with the 'spawn' start method) with its environment set before the child starts"
 )
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,9 +215,7 @@ class _FixedGuard:
 
 def _caller_site() -> str:
     """file:line of the innermost frame outside the capsafe package."""
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
-        frame = frame.f_back
+    frame = outside_frame(sys._getframe(1))
     if frame is None:
         return "<capsafe>"
     return f"{frame.f_code.co_filename}:{frame.f_lineno}"

@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import threading
 
-from capsafe import driver
+from capsafe import _state, driver
 from capsafe.backend import Backend
 from capsafe.errors import CudaError, ForkedProcessError, UsageError
 from capsafe.handles import Context, Device
@@ -135,14 +135,13 @@ def _create(ordinal: int) -> CudaDevice:
         raise
 
 
-def _after_fork_in_child() -> None:
+@_state.on_reset
+def _reset(forked: bool) -> None:
     # The parent's devices stay referenced by whoever holds them and refuse on
     # use (pid check); the registry starts empty so nothing hands them out again.
     global _lock, _forked_after_cuda, _fork_generation
-    _lock = threading.Lock()
-    _fork_generation += 1
-    _forked_after_cuda = _forked_after_cuda or bool(_devices)
+    if forked:
+        _lock = threading.Lock()
+        _fork_generation += 1
+        _forked_after_cuda = _forked_after_cuda or bool(_devices)
     _devices.clear()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -15,11 +15,11 @@ backend, for A/B measurements.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import inspect
 import logging
-import os
 import threading
 import time
 from collections import Counter
@@ -27,14 +27,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-from capsafe import hazards
+from capsafe import _state, hazards
 from capsafe.backend import Backend
 from capsafe.config import BACKENDS, GATE_POLICIES, runtime_config
 from capsafe.errors import BackendUnavailable, CaptureInvalidated, CudaError, UsageError
 from capsafe.gate import DEFAULT_CAPTURE_TIMEOUT_S, CaptureGate, CaptureGuard
 from capsafe.gate import gate as process_gate
 from capsafe.handles import LEGACY_STREAM, CaptureMode, CaptureStatus, Graph, Stream, StreamKind
-from capsafe.hazard_calls import METHOD_CALLS, STREAM_WAIT_METHODS, STREAM_WORK_METHODS, hazard_call
+from capsafe.hazards.calls import (
+    METHOD_CALLS,
+    STREAM_WAIT_METHODS,
+    STREAM_WORK_METHODS,
+    hazard_call,
+)
 
 log = logging.getLogger("capsafe")
 
@@ -123,10 +128,13 @@ DEFERRED_RELEASES = frozenset(
         "stream_destroy",
         "event_destroy",
         "primary_ctx_release",
-        "graph_destroy",
-        "graph_exec_destroy",
     }
 )
+#: Teardown of finished graphs, from any thread: while a capture holds or waits for the
+#: gate it is queued and run when that window ends, never waited for (a helper thread
+#: that ends captures for several capturer threads and destroys their graphs would
+#: otherwise wait for a capture only it can end). Measured: it can break a GLOBAL capture.
+QUEUED_TEARDOWN = frozenset({"graph_destroy", "graph_exec_destroy"})
 _CAPTURE_METHODS = ("stream_begin_capture", "stream_end_capture")
 
 #: Backend methods no hazard-table row covers that bypass the gate, and why each may.
@@ -151,8 +159,6 @@ NO_ROW_UNGATED: dict[str, str] = {
 NO_ROW_GATED: dict[str, str] = {
     "event_query": "cuEventQuery on an event of the capturing stream is illegal mid-capture",
     "graph_instantiate": "not in the hazard matrix",
-    "graph_destroy": "not in the hazard matrix",
-    "graph_exec_destroy": "not in the hazard matrix",
 }
 
 
@@ -326,6 +332,8 @@ class GatedDriver:
             wrapped = fn
         if method in DEFERRED_RELEASES and self.gate is not None:
             wrapped = self._deferring(wrapped, self.gate)
+        elif method in QUEUED_TEARDOWN and self.gate is not None:
+            wrapped = self._queued(fn, wrapped, self.gate)
         return functools.wraps(fn)(wrapped) if wrapped is not fn else fn
 
     def _wrap(
@@ -345,29 +353,9 @@ class GatedDriver:
                 return fn(*args, **kwargs)
 
             return counted
-        enter, exit_ = gate.enter, gate.exit
         if classify is None:
-
-            def gated(*args: Any, **kwargs: Any) -> Any:
-                enter(fixed)
-                try:
-                    return fn(*args, **kwargs)
-                finally:
-                    exit_()
-
-            return gated
-
-        def gated_by_args(*args: Any, **kwargs: Any) -> Any:
-            call = classify(*args, **kwargs)
-            if call is None:
-                return fn(*args, **kwargs)
-            enter(call)
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                exit_()
-
-        return gated_by_args
+            return gate.wrap(fn, fixed)
+        return gate.wrap(fn, classify=classify)
 
     @staticmethod
     def _deferring(release: Callable[..., Any], gate: CaptureGate) -> Callable[..., Any]:
@@ -380,53 +368,126 @@ class GatedDriver:
 
         return deferring
 
+    @staticmethod
+    def _queued(
+        raw: Callable[..., Any], gated: Callable[..., Any], gate: CaptureGate
+    ) -> Callable[..., Any]:
+        # Queued calls run raw: the gate runs them while no capture can begin beside them.
+        defer = gate.defer_while_closed
+
+        def queued(*args: Any, **kwargs: Any) -> Any:
+            if defer(raw, *args, **kwargs):
+                return None
+            return gated(*args, **kwargs)
+
+        return queued
+
     # -- capture -------------------------------------------------------------------
+    # Both halves of every pair (guard registered + window recorded, window recorded +
+    # capture begun) are made so that an exception landing anywhere between them (a
+    # signal: CPython raises it at a call) is caught, the pair made whole or undone,
+    # and the exception raised on: begin is all or nothing, a running end finishes.
     def stream_begin_capture(self, stream: Stream, mode: CaptureMode | str) -> None:
-        """Take the gate's exclusive side (if gated), then begin capturing `stream`."""
+        """Take the gate's exclusive side (if gated), then begin capturing `stream`.
+
+        When it raises, no capture is open and nothing is held.
+        """
         mode = CaptureMode.parse(mode)
-        guard = None
-        if self.gate is not None:
-            harmful = None if self.policy == "conservative" else breaking_calls(mode, stream.kind)
-            guard = self.gate.begin_capture(
-                harmful=harmful,
-                timeout=self.capture_timeout,
-                label=f"on stream {stream.value} ({stream.kind}, {mode})",
-            )
+        made: list[CaptureGuard] = []  # the guard, appended as the gate registers it
+        window: _Window | None = None
+        calling = False
         try:
+            if self.gate is not None:
+                harmful = (
+                    None if self.policy == "conservative" else breaking_calls(mode, stream.kind)
+                )
+                self.gate.begin_capture(
+                    harmful=harmful,
+                    timeout=self.capture_timeout,
+                    label=f"on stream {stream.value} ({stream.kind}, {mode})",
+                    into=made,
+                )
+            window = _Window(
+                stream,
+                mode,
+                time.monotonic(),
+                made[0] if made else None,
+                self.activity.snapshot() if self.gate is None else Counter(),
+                Counter() if self.gate is None else self.gate.bypassed_calls(),
+            )
+            # Recorded before the driver begins, so an end always finds the guard (a
+            # stream with a window already is capturing: the driver will refuse).
+            early = stream.value not in self._windows
+            if early:
+                self._windows[stream.value] = window
+            calling = True
             self.backend.stream_begin_capture(stream, mode)
-        except BaseException:
-            if guard is not None:
-                guard.release()
+            if not early:
+                self._windows[stream.value] = window
+        except BaseException as exc:
+            self._undo_begin(stream, window, made, calling and not isinstance(exc, CudaError))
             raise
-        self._windows[stream.value] = _Window(
-            stream,
-            mode,
-            time.monotonic(),
-            guard,
-            self.activity.snapshot() if guard is None else Counter(),
-            Counter() if self.gate is None else self.gate.bypassed_calls(),
-        )
+
+    def _undo_begin(
+        self,
+        stream: Stream,
+        window: _Window | None,
+        made: list[CaptureGuard],
+        may_have_begun: bool,
+    ) -> None:
+        try:
+            if window is not None and self._windows.get(stream.value) is window:
+                del self._windows[stream.value]
+            if may_have_begun and self._still_capturing(stream):
+                # The driver began before the exception landed: end it, nothing is captured.
+                with contextlib.suppress(CudaError):
+                    self.backend.graph_destroy(self.backend.stream_end_capture(stream))
+        finally:
+            for guard in made:
+                guard.release()
 
     def stream_end_capture(self, stream: Stream) -> Graph:
         """End the capture and release the gate (running deferred teardown); see `capture`.
 
         When the driver refuses to end it (CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD)
-        the capture is still open, so the gate stays held until it really ends.
+        the capture is still open, so the gate stays held until it really ends. When
+        anything else (a signal) interrupts it before the driver ended the capture, it
+        is ended here (its graph discarded) and the gate released before that raises.
         """
-        window = self._windows.pop(stream.value, None)
-        ended = True
+        window = self._windows.get(stream.value)
         try:
-            return self.backend.stream_end_capture(stream)
+            graph = self.backend.stream_end_capture(stream)
         except BaseException as exc:
             if window is not None and self._still_capturing(stream):
-                ended = False
-                self._windows[stream.value] = window
+                if isinstance(exc, CudaError):
+                    raise  # the driver refused: still open, the gate stays held
+                with contextlib.suppress(CudaError):
+                    self.backend.graph_destroy(self.backend.stream_end_capture(stream))
+                if self._still_capturing(stream):
+                    raise  # cannot end it from here: still open, still held
+            try:
+                self._close(stream, window)
+            except BaseException:
+                self._close(stream, window)
+                raise
             if isinstance(exc, CaptureInvalidated) and window is not None:
                 raise CaptureInvalidated(exc.result, exc.call, self._explain(window)) from exc
             raise
-        finally:
-            if ended and window is not None and window.guard is not None:
-                window.guard.release()
+        try:
+            self._close(stream, window)
+        except BaseException:
+            self._close(stream, window)  # a signal at its entry: it did nothing yet
+            raise
+        return graph
+
+    def _close(self, stream: Stream, window: _Window | None) -> None:
+        """Forget the window and release its guard; again does nothing."""
+        if window is None:
+            return
+        if self._windows.get(stream.value) is window:
+            del self._windows[stream.value]
+        if window.guard is not None:
+            window.guard.release()
 
     def _still_capturing(self, stream: Stream) -> bool:
         try:
@@ -461,13 +522,19 @@ class GatedDriver:
 Backend.register(GatedDriver)  # methods are bound per instance; see GatedDriver.__init__
 
 
-def _reset_after_fork() -> None:
-    # The child starts with no driver: a CUDA context does not survive fork.
+@_state.on_reset
+def _reset(forked: bool) -> None:
+    # A forked child starts with no driver (a CUDA context does not survive fork).
     global _lock, _driver, _facades, _why
-    _lock = threading.Lock()
+    if forked:
+        _lock = threading.Lock()
     _driver = None
     _facades = {}
     _why = ""
 
 
-os.register_at_fork(after_in_child=_reset_after_fork)
+def _adopt(backend: Backend, why: str) -> None:
+    """Make `backend` the process-wide one (`_state.reset_for_tests` only)."""
+    global _driver, _why
+    with _lock:
+        _driver, _why = backend, why

@@ -6,6 +6,9 @@ that produced it, so a log line says what failed without a debugger.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 
 class CapsafeError(Exception):
     """Base class for everything capsafe raises on purpose."""
@@ -48,3 +51,19 @@ def cuda_error(result: str, call: str, detail: str = "") -> CudaError:
     """Build the right `CudaError` subclass for a CUresult name."""
     cls = CaptureInvalidated if result == "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED" else CudaError
     return cls(result, call, detail)
+
+
+def raised_here(exc: BaseException, called: Callable[..., Any]) -> bool:
+    """True when `exc`, caught around one call of `called`, did not come from inside it.
+
+    In a `try` around that one call, it means an asynchronous exception (a signal:
+    CPython runs the handler when a call returns) landed after the call returned,
+    so what the call did must be undone or finished by the catching frame. The
+    traceback tells: its next frame is `called`'s own when it came from inside,
+    else none (a handler written in C) or the signal handler's.
+    """
+    tb = exc.__traceback__
+    if tb is None or tb.tb_next is None:
+        return True
+    code = getattr(getattr(called, "__func__", called), "__code__", None)
+    return tb.tb_next.tb_frame.f_code is not code

@@ -38,9 +38,8 @@ fast path: the timeout error reads the holders' live stacks instead.
 
 from __future__ import annotations
 
-import gc
+import functools
 import logging
-import os
 import sys
 import threading
 import time
@@ -51,7 +50,19 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from capsafe.errors import CapsafeError, UsageError
+from capsafe import _state
+from capsafe._diagnostics import (
+    Holder,
+    Site,
+    capture_timeout_message,
+    current_frames,
+    format_site,
+    holder_site,
+    outer_site,
+    shared_timeout_message,
+    site_of,
+)
+from capsafe.errors import CapsafeError, UsageError, raised_here
 
 log = logging.getLogger("capsafe")
 
@@ -66,33 +77,10 @@ _NOT_WAITING, _SHARED_WAIT, _NESTED_WAIT, _CAPTURE_WAIT = 0, 1, 2, 3
 #: the next capture (and a waiting section re-checks the gate this often).
 DEFAULT_FAIRNESS_S = 0.001
 _Deferred = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_STDLIB_DIR = os.path.dirname(os.path.abspath(threading.__file__)) + os.sep
 
 
 class GateTimeout(CapsafeError, TimeoutError):
     """A wait at the gate ran out; the message names who holds it and where."""
-
-
-@dataclass(frozen=True)
-class Holder:
-    """One thread that holds (or waits for) the gate, as seen at one instant."""
-
-    thread_name: str
-    thread_id: int
-    role: str  # "shared", "capture", "waiting capture" or "granted entry"
-    depth: int  # nested shared sections (0 for a capture with none)
-    site: str  # the outermost call site outside capsafe, or "?"
-    now_at: str  # where the thread is executing right now
-    exited: bool = False  # the thread has ended (a capture it began is still open)
-
-    def describe(self) -> str:
-        text = f"thread {self.thread_name!r} ({self.role}"
-        if self.depth:
-            text += f", {self.depth} section{'s' if self.depth > 1 else ''}"
-        if self.exited:
-            return text + f", entered at {self.site}; the owner thread has exited)"
-        return text + f", entered at {self.site}, now at {self.now_at})"
 
 
 @dataclass(frozen=True)
@@ -181,7 +169,7 @@ class CaptureGuard:
         record: _Record,
         harmful: frozenset[str] | None,
         label: str,
-        site: _Site,
+        site: Site,
     ) -> None:
         self._gate = gate
         self._generation = gate._generation
@@ -195,7 +183,7 @@ class CaptureGuard:
     @property
     def site(self) -> str:
         """Where the capture began (the first caller outside capsafe)."""
-        return _format_site(self._site)
+        return format_site(self._site)
 
     @property
     def released(self) -> bool:
@@ -206,8 +194,17 @@ class CaptureGuard:
         return self.record.thread_name
 
     def release(self) -> bool:
-        """Give the exclusive side back and run deferred teardown; False if already released."""
-        return self._gate._release(self)
+        """Give the exclusive side back and run deferred teardown; False if already released.
+
+        An exception that lands inside (a signal at the internal release's entry, in a
+        wake-up) is caught, the release finished, and the exception raised again: the
+        guard is never left registered by a release that raised.
+        """
+        try:
+            return self._gate._release(self)
+        except BaseException:
+            self._gate._finish_release(self)
+            raise
 
     def __enter__(self) -> CaptureGuard:
         return self
@@ -263,6 +260,7 @@ class CaptureGate:
         self._writers_waiting = 0
         self._closed = False  # a capture holds or waits for the exclusive side
         self._deferred: list[_Deferred] = []
+        self._teardown: list[_Deferred] = []  # other threads' destroys, run at the window's end
         self._generation = getattr(self, "_generation", 0) + 1
         self._retired_entered = 0
         self._contended = self._capture_waits = self._bypassed = self._admitted = 0
@@ -343,6 +341,62 @@ class CaptureGate:
             yield
         finally:
             self.exit()
+
+    def wrap(
+        self,
+        fn: Callable[..., Any],
+        call: str | None = None,
+        classify: Callable[..., str | None] | None = None,
+    ) -> Callable[..., Any]:
+        """`fn` inside one shared section named `call` (or `classify(*args)`; None runs it
+        ungated), closed however the call ends.
+
+        Also when a signal lands between `enter()` returning and the call, or at the
+        entry of `exit()`: the first is told by the exception's traceback (`errors.raised_here`:
+        it did not come from inside `enter`), the second by the depth that
+        `exit()` did not change. Either way the section is closed and the exception
+        raised on; nothing is added to the uncontended path but two attribute loads.
+        """
+        enter, exit_, tls = self.enter, self.exit, self._tls
+
+        def section(name: str | None, *args: Any, **kwargs: Any) -> Any:
+            try:
+                enter(name)
+            except BaseException as exc:
+                if raised_here(exc, enter):  # it landed after enter returned: the section is ours
+                    depth = tls.rec.depth
+                    try:
+                        exit_()
+                    except BaseException:
+                        if tls.rec.depth == depth:
+                            exit_()
+                        raise
+                raise
+            try:
+                result = fn(*args, **kwargs)  # stored, not returned: see the finally below
+            finally:
+                # Not reached by a `return` inside the try: CPython copies the finally
+                # body after that return's call, outside the try, where a signal would
+                # skip it.
+                depth = tls.rec.depth
+                try:
+                    exit_()
+                except BaseException:
+                    if tls.rec.depth == depth:  # it landed before exit() changed anything
+                        exit_()
+                    raise
+            return result
+
+        if classify is None:
+            return functools.partial(section, call)  # no second Python frame on the hot path
+
+        def by_args(*args: Any, **kwargs: Any) -> Any:
+            name = classify(*args, **kwargs)
+            if name is None:
+                return fn(*args, **kwargs)
+            return section(name, *args, **kwargs)
+
+        return by_args
 
     def _admissible(self, call: str | None) -> bool:
         # Measured policy: a named call the open captures cannot be broken by may run
@@ -485,6 +539,7 @@ class CaptureGate:
         harmful: frozenset[str] | None = None,
         label: str = "",
         timeout: float | None = DEFAULT_CAPTURE_TIMEOUT_S,
+        into: list[CaptureGuard] | None = None,
     ) -> CaptureGuard:
         """Take the exclusive side for one capture window.
 
@@ -493,27 +548,31 @@ class CaptureGate:
         `timeout`: seconds to wait before raising `GateTimeout` naming the holders
         (None waits forever). The calling thread may already be inside shared
         sections (they are set aside) or own the gate (captures nest). Whatever
-        ends a wait here, nothing is left registered.
+        ends a wait here, nothing is left registered. `into`: a list the guard is
+        appended to in the same step that registers it, so a caller whose code a
+        signal interrupts right after this call returns still finds (and releases) it.
         """
         rec = self._record()
-        site = _outer_site(sys._getframe(1))
-        made: list[CaptureGuard] = []  # a guard registered, in case it never reaches the caller
+        site = outer_site(sys._getframe(1))
+        made: list[CaptureGuard] = [] if into is None else into
         try:
-            return self._begin(rec, harmful, label, site, timeout, made)
+            guard = self._begin(rec, harmful, label, site, timeout, made)
+            if self._deferred:
+                self._flush_orphans()
+            return guard
         except BaseException:
             for guard in made:  # a signal landed after the registration: give it back
                 guard.release()
-            raise
-        finally:
             if self._deferred:
                 self._flush_orphans()
+            raise
 
     def _begin(
         self,
         rec: _Record,
         harmful: frozenset[str] | None,
         label: str,
-        site: _Site,
+        site: Site,
         timeout: float | None,
         made: list[CaptureGuard],
     ) -> CaptureGuard:
@@ -547,6 +606,8 @@ class CaptureGate:
                 self._closed = self._owner is not None or self._writers_waiting > 0
                 self._may_enter.notify_all()  # others waited on us: let them look again
                 self._may_capture.notify_all()
+                if not self._closed and self._teardown:
+                    self._run_teardown_locked()  # the window it waited for never came
                 raise
             # Stores only until the guard is registered (see _release).
             rec.waiting = _NOT_WAITING
@@ -567,7 +628,7 @@ class CaptureGate:
         rec: _Record,
         harmful: frozenset[str] | None,
         label: str,
-        site: _Site,
+        site: Site,
         timeout: float | None,
         made: list[CaptureGuard],
     ) -> CaptureGuard | None:
@@ -640,6 +701,8 @@ class CaptureGate:
                 guard._released = True
                 return True  # taken before fork: the child's gate never held it
             remaining = [g for g in self._guards if g is not guard]
+            if not remaining and self._teardown:
+                self._run_teardown_locked()  # still exclusive: nothing begins beside it
             # Stores only from here to the end of the transition: a signal lands at a
             # call, so the gate is never left half released (owner kept, guard gone).
             guard._released = True
@@ -657,6 +720,16 @@ class CaptureGate:
             self._may_capture.notify_all()
         _run_deferred(deferred)
         return True
+
+    def _finish_release(self, guard: CaptureGuard) -> None:
+        # A release an exception interrupted: finish it (a no-op when it got that far),
+        # then do the wake-ups and deferred teardown it may have skipped.
+        self._release(guard)
+        with self._lock:
+            self._may_enter.notify_all()
+            self._may_capture.notify_all()
+        if self._deferred:
+            self._flush_orphans()
 
     def _wake_waiting_sections(self) -> bool:
         # Sections that waited fairness_s or longer enter before the next capture, so
@@ -708,17 +781,45 @@ class CaptureGate:
         self._deferred_total += 1
         return True
 
+    def defer_while_closed(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
+        """Queue teardown that must neither wait nor run beside a capture; False: run it now.
+
+        While any thread's capture holds or waits for the exclusive side, `fn` runs
+        at that capture's end (at once if none is open or coming by then), so the
+        caller never stalls: a helper that ends captures for other threads and
+        destroys their finished graphs does not wait for the next capture. Errors
+        of the deferred call are logged.
+        """
+        if not self._closed:
+            return False
+        with self._lock:
+            if not self._closed:
+                return False
+            self._teardown.append((fn, args, kwargs))
+            self._deferred_total += 1
+        return True
+
+    def _run_teardown_locked(self) -> None:
+        # Called under the lock while no other thread can begin a capture (the ending
+        # one still holds the exclusive side, or none holds or waits for it).
+        teardown, self._teardown = self._teardown, []
+        _run_deferred(teardown)
+
     # -- observability --------------------------------------------------------
     def holders(self) -> tuple[Holder, ...]:
         """Threads holding or waiting for the gate now, with call sites from their live stacks."""
         with self._lock:
             return self._holders_locked()
 
-    def _holders_locked(self) -> tuple[Holder, ...]:
+    def _holders_locked(self, skip: _Record | None = None) -> tuple[Holder, ...]:
+        # Threads are told apart by their record (one per live Thread object), never by
+        # ident: a new thread may reuse an exited holder's ident.
         frames = current_frames()
         owner_guard = self._guards[0] if self._guards else None
         out = []
         for rec in self._records:
+            if rec is skip:
+                continue
             dead = rec.dead()
             if rec is self._owner:
                 role = "capture"
@@ -730,8 +831,8 @@ class CaptureGate:
                 role = "shared"
             else:
                 continue
-            frame = frames.get(rec.thread_id)
-            site = _holder_site(frame)
+            frame = None if dead else frames.get(rec.thread_id)  # a reused ident is not ours
+            site = holder_site(frame)
             if role == "capture" and owner_guard is not None:
                 site = owner_guard._site
             out.append(
@@ -740,31 +841,24 @@ class CaptureGate:
                     rec.thread_id,
                     role,
                     abs(rec.depth),
-                    _format_site(site),
-                    _format_site(_site_of(frame)),
+                    format_site(site),
+                    format_site(site_of(frame)),
                     exited=dead,
                 )
             )
         return tuple(out)
 
-    def _held_by(self) -> str:
-        me = threading.get_ident()
-        holders = [h for h in self._holders_locked() if h.thread_id != me]
-        return "; ".join(h.describe() for h in holders) or "no holder left (it just released)"
+    def _others(self) -> tuple[Holder, ...]:
+        return self._holders_locked(skip=getattr(self._tls, "rec", None))
 
     def _timeout_message(self, label: str, timeout: float | None) -> str:
-        what = f"capture {label}" if label else "capture"
-        return (
-            f"capture gate: {what} could not begin within {timeout:g} s; held by {self._held_by()}"
-        )
+        return capture_timeout_message(label, timeout, self._others())
 
     def _shared_timeout_message(self, rec: _Record, call: str | None) -> str:
         guard = self._guards[0] if self._guards else None
-        what = f" ({guard.label})" if guard is not None and guard.label else ""
-        return (
-            f"capture gate: {call or 'a gated call'} on thread {rec.thread_name!r} could not "
-            f"enter within {self.shared_timeout:g} s: a capture{what} holds or waits for the "
-            f"gate; held by {self._held_by()}"
+        label = guard.label if guard is not None else ""
+        return shared_timeout_message(
+            call, rec.thread_name, self.shared_timeout, label, self._others()
         )
 
     def stats(self) -> GateStats:
@@ -828,70 +922,8 @@ def _run_deferred(deferred: list[_Deferred]) -> None:
             log.exception("capsafe: deferred teardown %s failed", getattr(fn, "__name__", fn))
 
 
-_Site = tuple[Any, int] | None  # (code object, line): formatted only when someone reads it
-
-
-def _site_of(frame: Any) -> _Site:
-    return None if frame is None else (frame.f_code, frame.f_lineno)
-
-
-def _outer_site(frame: Any) -> _Site:
-    """The innermost frame outside the capsafe package: the caller's own line."""
-    first = frame
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
-        frame = frame.f_back
-    return _site_of(frame if frame is not None else first)
-
-
-def _holder_site(frame: Any) -> _Site:
-    """Where a thread entered the gate, from its live stack: the caller of its outermost
-    capsafe frame, else (a bare `with gate:`) its innermost frame outside the stdlib."""
-    outermost = None
-    f = frame
-    while f is not None:
-        if f.f_code.co_filename.startswith(_PACKAGE_DIR):
-            outermost = f
-        f = f.f_back
-    if outermost is not None:
-        return _site_of(outermost.f_back or outermost)
-    f = frame
-    while f is not None and f.f_code.co_filename.startswith(_STDLIB_DIR):
-        f = f.f_back
-    return _site_of(f if f is not None else frame)
-
-
-def _format_site(site: _Site) -> str:
-    if site is None:
-        return "?"
-    code, line = site
-    return f"{_short(code.co_filename)}:{line} in {code.co_name}"
-
-
-def _short(path: str) -> str:
-    cwd = os.getcwd()
-    return os.path.relpath(path, cwd) if path.startswith(cwd) else path
-
-
 _live_gates: weakref.WeakSet[CaptureGate] = weakref.WeakSet()
 _process_gate: CaptureGate | None = None
-_frames_lock = threading.Lock()  # two callers must not interleave pausing the collector
-
-
-def current_frames() -> dict[int, Any]:
-    """`sys._current_frames()` with the collector paused. On CPython before 3.12 it holds
-    the runtime's thread-list lock while it makes frame objects; a collection they
-    trigger can free a `threading.local`, whose finalizer takes that lock again, and the
-    process hangs (reproduced on 3.11.7: tests/core/test_gate_regressions.py)."""
-    with _frames_lock:
-        enabled = gc.isenabled()
-        gc.disable()
-        try:
-            return sys._current_frames()
-        finally:
-            if enabled:
-                gc.enable()
-
-
 _process_gate_lock = threading.Lock()
 
 
@@ -905,11 +937,14 @@ def gate() -> CaptureGate:
     return _process_gate
 
 
-def _reset_after_fork() -> None:
-    global _process_gate_lock
+@_state.on_reset
+def _reset(forked: bool) -> None:
+    # A forked child: every gate fresh and unlocked. Between tests: a new process gate
+    # (the facades that held the old one are reset too).
+    global _process_gate_lock, _process_gate
+    if not forked:
+        _process_gate = None
+        return
     _process_gate_lock = threading.Lock()
     for live in list(_live_gates):
         live._after_fork_in_child()
-
-
-os.register_at_fork(after_in_child=_reset_after_fork)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from capsafe import backend_cuda
+from capsafe import _state, backend_cuda
 from capsafe.backend import Backend
 from capsafe.errors import CudaError, UsageError
 from capsafe.handles import Device, Module
@@ -61,8 +61,7 @@ _ARCH = re.compile(r"^(sm|compute)_(\d{2,3}[af]?)$")
 
 log = logging.getLogger("capsafe.nvrtc")
 UNCACHED_WARNER = OnceWarner("; compiling it without the cache")
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=lambda: UNCACHED_WARNER.reset_after_fork())
+_state.on_fork(lambda: UNCACHED_WARNER.reset_after_fork())
 Compiler = Callable[[str, str, Sequence[str], Mapping[str, str], str], backend_cuda.NvrtcOutput]
 
 

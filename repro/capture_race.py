@@ -70,12 +70,12 @@ def allocator(
 ) -> None:
     """Make capture-breaking calls until `stop`, counting calls and errors.
 
-    With `hazards`, every capture-breaking action of `capsafe.hazard_actions`
+    With `hazards`, every capture-breaking action of `capsafe.hazards.actions`
     in turn; otherwise `mem_alloc_free` only.
     """
     from capsafe.context import device
     from capsafe.errors import CudaError
-    from capsafe.hazard_actions import BREAKING, BY_NAME, ActionKit
+    from capsafe.hazards.actions import BREAKING, BY_NAME, ActionKit
 
     device(0)  # binds the context in this thread
     kit = ActionKit(drv, capturing=capturing)

@@ -3,7 +3,7 @@
 For every cell of `capsafe.hazards.cells()` (call x capture mode x capture-stream
 kind x calling thread) one trial opens a capture, makes the call, ends the
 capture and records both results. The trial itself is
-`capsafe.hazard_trial.run_trial`, the same code the simulated device is tested
+`capsafe.hazards.trial.run_trial`, the same code the simulated device is tested
 with. On the real driver each trial runs in a fresh process (trials in parallel:
 a capture never sees another process's calls), so no trial inherits state a
 previous one left behind; the simulated device runs each trial on a fresh
@@ -36,7 +36,7 @@ from capsafe.backend_cuda import bindings_version, unavailable_reason
 from capsafe.context import CudaDevice
 from capsafe.errors import BackendUnavailable, CapsafeError
 from capsafe.handles import CaptureMode, StreamKind
-from capsafe.hazard_trial import ORDINALS, devices_needed, needs_devices_message
+from capsafe.hazards.trial import ORDINALS, devices_needed, needs_devices_message
 
 from .cli import run_main, write_output
 
@@ -118,7 +118,7 @@ def _row(cell: Cell, call_result: str, end_capture: str, capturing_after: str = 
 
 def measure(backend: Backend, cell: Cell) -> Row:
     """Run one trial on an initialized `backend`; a trial that cannot run becomes an ERROR row."""
-    from capsafe.hazard_trial import run_trial
+    from capsafe.hazards.trial import run_trial
 
     try:
         held = [CudaDevice(backend, n) for n in sorted(set(ORDINALS[cell[4]]))]

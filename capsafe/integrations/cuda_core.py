@@ -22,17 +22,18 @@ from __future__ import annotations
 import functools
 import importlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from functools import partial
 from typing import Any
 
 from capsafe import driver as _driver
 from capsafe.backend import Backend
-from capsafe.errors import UsageError
+from capsafe.errors import UsageError, raised_here
 from capsafe.handles import CaptureMode, StreamKind
 
+from ._capture_windows import Windows, exclusive, gate_of
 from ._patch import Patches
-from ._windows import Windows, exclusive, gate_of
 
 windows = Windows()  # builders that are building, by id
 _lock = threading.Lock()
@@ -151,18 +152,29 @@ def _kind(builder: Any) -> StreamKind:
     )
 
 
-def _begin(driver: Backend, builder: Any, mode: str, begin: Any) -> Any:
+def _begin(driver: Backend, builder: Any, mode: str, begin: Any, close: Any, hooked: bool) -> Any:
+    """`begin(builder, mode)` in a window; when this raises, nothing is building or held."""
     ours = CaptureMode.parse(mode)
-    return windows.begin(
-        id(builder),
-        lambda: exclusive(
-            driver,
-            ours,
-            lambda: _kind(builder),
-            f"cuda.core GraphBuilder {id(builder):#x} ({ours})",
-        ),
-        lambda: begin(builder, mode),
-    )
+    label = f"cuda.core GraphBuilder {id(builder):#x} ({ours})"
+    abort = functools.partial(close, builder)  # closing a builder ends its capture
+    try:
+        result = windows.begin(
+            id(builder),
+            lambda into: exclusive(driver, ours, lambda: _kind(builder), label, into),
+            functools.partial(begin, builder, mode),
+            abort,
+            lambda: builder.is_building,
+            hooked=hooked,
+        )
+    except BaseException as exc:
+        if raised_here(exc, Windows.begin):  # it landed after the window opened: close it again
+            windows.undo_begin(id(builder), abort, lambda: builder.is_building)
+        raise
+    return result
+
+
+def _building(builder: Any) -> Callable[[], bool]:
+    return lambda: bool(builder.is_building)
 
 
 class _Installation:
@@ -188,17 +200,38 @@ class _Installation:
         begin, end, close = self.original_begin, self.original_end, self.original_close
 
         def begin_building(builder: Any, mode: str = "relaxed") -> Any:
-            return _begin(driver, builder, mode, begin)
+            try:
+                result = _begin(driver, builder, mode, begin, close, True)
+            except BaseException as exc:
+                if raised_here(exc, _begin):  # it landed after the window opened: close it again
+                    abort = functools.partial(close, builder)
+                    windows.undo_begin(id(builder), abort, lambda: builder.is_building)
+                raise
+            return result
 
+        # Inline, not a helper: a signal at a helper's entry would end nothing.
         def end_building(builder: Any) -> Any:
-            return windows.end(id(builder), lambda: end(builder), lambda: builder.is_building)
+            try:
+                result = windows.end(id(builder), partial(end, builder), _building(builder))
+            except BaseException as exc:
+                if not isinstance(exc, Exception):  # a signal, maybe at windows.end's entry
+                    windows.finish(id(builder), partial(end, builder), _building(builder))
+                raise
+            return result
 
         def close_builder(builder: Any) -> Any:
-            return windows.end(id(builder), lambda: close(builder))
+            try:
+                result = windows.end(id(builder), partial(close, builder))
+            except BaseException as exc:
+                if not isinstance(exc, Exception):  # a signal, maybe at windows.end's entry
+                    windows.finish(id(builder), partial(close, builder), _building(builder))
+                raise
+            return result
 
         self.patches.replace(builder_cls, "begin_building", begin_building)
         self.patches.replace(builder_cls, "end_building", end_building)
         self.patches.replace(builder_cls, "close", close_builder)
+        windows.hooked = True
 
 
 def install(driver: Backend | None = None) -> bool:
@@ -220,12 +253,17 @@ def uninstall() -> bool:
     with _lock:
         if _installed is None:
             return False
-        if len(windows):
+        try:
+            windows.unhook("graph builder(s) still building")
+        except RuntimeError as busy:
             raise UsageError(
-                f"capsafe.integrations.cuda_core: {len(windows)} graph builder(s) still "
-                "building; end them before uninstalling"
-            )
-        _installed.patches.restore()
+                f"capsafe.integrations.cuda_core: {busy}; end the graph builder before uninstalling"
+            ) from None
+        try:
+            _installed.patches.restore()
+        except BaseException:
+            windows.hooked = True  # still installed: hooked begins keep taking the gate
+            raise
         _installed = None
         return True
 
@@ -264,11 +302,27 @@ def capture(
     begin = state.original_begin if state is not None else builder_cls.begin_building
     end = state.original_end if state is not None else builder_cls.end_building
     close = state.original_close if state is not None else builder_cls.close
-    _begin(driver, builder, CaptureMode.parse(mode).value, begin)
+    try:
+        _begin(driver, builder, CaptureMode.parse(mode).value, begin, close, False)
+    except BaseException as exc:
+        if raised_here(exc, _begin):  # it landed after the window opened: close it again
+            abort = functools.partial(close, builder)
+            windows.undo_begin(id(builder), abort, lambda: builder.is_building)
+        raise
     try:
         yield builder
     except BaseException:
         with suppress(Exception):  # the body's error is the story; close ends the capture
-            windows.end(id(builder), lambda: close(builder))
+            try:
+                windows.end(id(builder), partial(close, builder))
+            except BaseException as exc:
+                if not isinstance(exc, Exception):  # a signal, maybe at windows.end's entry
+                    windows.finish(id(builder), partial(close, builder), _building(builder))
+                raise
         raise
-    windows.end(id(builder), lambda: end(builder), lambda: builder.is_building)
+    try:
+        windows.end(id(builder), partial(end, builder), _building(builder))
+    except BaseException as exc:
+        if not isinstance(exc, Exception):  # a signal, maybe at windows.end's entry
+            windows.finish(id(builder), partial(end, builder), _building(builder))
+        raise

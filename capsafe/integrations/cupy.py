@@ -22,6 +22,7 @@ this module.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import threading
 import weakref
@@ -31,12 +32,12 @@ from typing import Any
 
 from capsafe import driver as _driver
 from capsafe.backend import Backend
-from capsafe.errors import CudaError, UsageError
+from capsafe.errors import CudaError, UsageError, raised_here
 from capsafe.gate import CaptureGate
 from capsafe.handles import CaptureMode, Context, HostPtr, StreamKind
 
+from ._capture_windows import Windows, exclusive
 from ._patch import Patches, defining_class
-from ._windows import Windows, exclusive
 
 #: Driver errors whose CUDA runtime error has the same number: re-raised as CuPy's own
 #: CUDARuntimeError, so CuPy's pool still frees cached blocks and retries on out-of-memory
@@ -187,15 +188,32 @@ def _kind(stream: Any) -> StreamKind:
     return StreamKind.NONBLOCKING if stream.is_non_blocking else StreamKind.BLOCKING
 
 
-def _window(driver: Backend, cupy: Any, stream: Any, mode: Any, begin: Callable[[], None]) -> None:
+def _taker(driver: Backend, cupy: Any, stream: Any, mode: Any) -> Callable[[list[Any]], None]:
+    """What takes the exclusive side for a capture on `stream` (see `Windows.begin`)."""
     ours = _mode(cupy, mode)
-    windows.begin(
-        stream.ptr,
-        lambda: exclusive(
-            driver, ours, lambda: _kind(stream), f"CuPy stream {stream.ptr:#x} ({ours})"
-        ),
-        begin,
-    )
+    label = f"CuPy stream {stream.ptr:#x} ({ours})"
+    return lambda into: exclusive(driver, ours, lambda: _kind(stream), label, into)
+
+
+def _begin_window(
+    driver: Backend, cupy: Any, stream: Any, mode: Any, begin: Any, end: Any, hooked: bool
+) -> None:
+    """`begin(stream, mode)` in a window; when this raises, nothing began and nothing is held."""
+    take = _taker(driver, cupy, stream, mode)
+    abort = functools.partial(end, stream)
+    try:
+        windows.begin(
+            stream.ptr,
+            take,
+            functools.partial(begin, stream, mode),
+            abort,
+            stream.is_capturing,
+            hooked=hooked,
+        )
+    except BaseException as exc:
+        if raised_here(exc, Windows.begin):  # it landed after the window opened: close it again
+            windows.undo_begin(stream.ptr, abort, stream.is_capturing)
+        raise
 
 
 class _Installation:
@@ -216,17 +234,37 @@ class _Installation:
         end = self.original_end = defining_class(cuda.Stream, "end_capture").__dict__["end_capture"]
 
         def begin_capture(stream: Any, mode: Any = None) -> None:
-            _window(driver, cupy, stream, mode, lambda: begin(stream, mode))
+            try:
+                _begin_window(driver, cupy, stream, mode, begin, end, True)
+            except BaseException as exc:
+                if raised_here(
+                    exc, _begin_window
+                ):  # it landed after the window opened: close it again
+                    windows.undo_begin(
+                        stream.ptr, functools.partial(end, stream), stream.is_capturing
+                    )
+                raise
 
         def end_capture(stream: Any) -> Any:
-            return windows.end(stream.ptr, lambda: end(stream), stream.is_capturing)
+            # Inline, not a helper: a signal at a helper's entry would end nothing.
+            try:
+                result = windows.end(
+                    stream.ptr, functools.partial(end, stream), stream.is_capturing
+                )
+            except BaseException as exc:
+                if not isinstance(exc, Exception):  # a signal, maybe at windows.end's entry
+                    windows.finish(stream.ptr, functools.partial(end, stream), stream.is_capturing)
+                raise
+            return result
 
         begin_capture.__doc__, end_capture.__doc__ = begin.__doc__, end.__doc__
         self.patches.replace(owner, "begin_capture", begin_capture)
         self.patches.replace(defining_class(cuda.Stream, "end_capture"), "end_capture", end_capture)
+        windows.hooked = True
         try:  # CuPy refuses inside a `using_allocator` block on this thread
             cuda.set_allocator(self.pool.malloc)
         except BaseException:
+            windows.hooked = False
             self.patches.restore()
             raise
         cuda.set_pinned_memory_allocator(self.pinned_pool.malloc)
@@ -264,12 +302,17 @@ def uninstall() -> bool:
     with _lock:
         if _installed is None:
             return False
-        if len(windows):
+        try:
+            windows.unhook()
+        except RuntimeError as busy:
             raise UsageError(
-                f"capsafe.integrations.cupy: {len(windows)} capture(s) still open; "
-                "end them before uninstalling"
-            )
-        _installed.undo()
+                f"capsafe.integrations.cupy: {busy}; end the capture before uninstalling"
+            ) from None
+        try:
+            _installed.undo()
+        except BaseException:
+            windows.hooked = True  # still installed: hooked begins keep taking the gate
+            raise
         _installed = None
         return True
 
@@ -317,12 +360,31 @@ def capture(
     end = state.original_end if state is not None else type(stream).end_capture
     result = Captured()
     native = getattr(cupy.cuda.runtime, _MODE_NAMES[ours])
-    _window(driver, cupy, stream, ours.value, lambda: begin(stream, native))
+    take = _taker(driver, cupy, stream, ours.value)
+    abort = functools.partial(end, stream)
+    try:
+        windows.begin(
+            stream.ptr, take, functools.partial(begin, stream, native), abort, stream.is_capturing
+        )
+    except BaseException as exc:
+        if raised_here(exc, Windows.begin):  # it landed after the window opened: close it again
+            windows.undo_begin(stream.ptr, abort, stream.is_capturing)
+        raise
     try:
         with stream:
             yield result
     except BaseException:
         with suppress(Exception):  # the body's error is the story; the capture is over anyway
-            windows.end(stream.ptr, lambda: end(stream))
+            try:
+                windows.end(stream.ptr, functools.partial(end, stream))
+            except BaseException as exc:
+                if not isinstance(exc, Exception):  # a signal, maybe at windows.end's entry
+                    windows.finish(stream.ptr, functools.partial(end, stream), stream.is_capturing)
+                raise
         raise
-    result.graph = windows.end(stream.ptr, lambda: end(stream), stream.is_capturing)
+    try:
+        result.graph = windows.end(stream.ptr, functools.partial(end, stream), stream.is_capturing)
+    except BaseException as exc:
+        if not isinstance(exc, Exception):  # a signal, maybe at windows.end's entry
+            windows.finish(stream.ptr, functools.partial(end, stream), stream.is_capturing)
+        raise

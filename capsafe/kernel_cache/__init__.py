@@ -8,8 +8,9 @@ See docs/kernel_cache.md.
 
 from __future__ import annotations
 
-import os
+import os  # noqa: F401  (tests reach the os module as kernel_cache.os)
 
+from capsafe import _state
 from capsafe.kernel_cache import lock, settings
 from capsafe.kernel_cache.format import FORMAT_VERSION, HEADER_SIZE, KINDS, MAGIC
 from capsafe.kernel_cache.key import cache_key, normalize_key
@@ -50,6 +51,7 @@ __all__ = [
 ]
 
 
+@_state.on_fork
 def _reset_after_fork() -> None:
     """A forked child starts with fresh locks: another parent thread may have held one."""
     for cache in list(_LIVE):
@@ -60,7 +62,3 @@ def _reset_after_fork() -> None:
     from capsafe.kernel_cache import includes
 
     includes.reset_after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_after_fork)

@@ -13,13 +13,13 @@ holding it, so many threads may call at once.
 from __future__ import annotations
 
 import itertools
-import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from capsafe import _state
 from capsafe.backend import Backend, Dim3, KernelArg, check_kernel_args
 from capsafe.config import MAX_SIM_DEVICES
 from capsafe.errors import CudaError, UsageError, cuda_error
@@ -753,10 +753,8 @@ class SimBackend(Backend):
             ctx.memory.drop_region(region)
 
 
+@_state.on_fork
 def _after_fork_in_child() -> None:
     # A thread that held a backend's lock at fork time does not exist in the child: fresh locks.
     for backend in list(_live):
         backend._lock = threading.RLock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from capsafe import hazards
 from capsafe.errors import cuda_error
 from capsafe.handles import CaptureMode, CaptureStatus, Stream, StreamKind
-from capsafe.hazard_calls import hazard_call
+from capsafe.hazards.calls import hazard_call
 from capsafe.sim.memory import Alloc, ContextMemory
 from capsafe.sim.streams import Node, StreamState
 
@@ -72,7 +72,7 @@ def apply_hazards(
         if rule is not None:
             capture.status = CaptureStatus.INVALIDATED
             fired = fired or (call, rule)
-    if fired is not None:
+    if fired is not None and fired[1].result != hazards.SUCCESS:  # SUCCESS: a silent break
         call, rule = fired
         raise cuda_error(rule.result, symbol, f"{call} during a capture: {rule.why}")
 

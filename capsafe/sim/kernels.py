@@ -7,7 +7,6 @@ reads and writes device memory through `SimMemory`.
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -15,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from capsafe import _state
 from capsafe.backend import Dim3, KernelArg, is_binary_image
 from capsafe.errors import cuda_error
 from capsafe.handles import DevicePtr
@@ -171,10 +171,8 @@ def check_launch(
     return grid3, block3
 
 
+@_state.on_fork
 def _after_fork_in_child() -> None:
     # A thread that held the lock at fork time does not exist in the child: a fresh lock.
     global _kernels_lock
     _kernels_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)

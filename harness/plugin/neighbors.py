@@ -3,7 +3,7 @@
 A capture hazard only shows when another thread happens to allocate or
 synchronize during the capture window, which in a quiet test run is rare. The
 neighbours make it the common case: each thread keeps making the hazard
-actions (`capsafe.hazard_actions`) whose hazard-table row can break a capture,
+actions (`capsafe.hazards.actions`) whose hazard-table row can break a capture,
 through the process-wide driver facade. An ungated capture in a test then
 fails fast, while a capture taken through `capsafe.capture` makes the
 neighbours wait at the gate and survives.
@@ -47,7 +47,7 @@ NOT_ISSUED = {
 
 
 def _breaking_names() -> tuple[str, ...]:
-    from capsafe.hazard_actions import BREAKING
+    from capsafe.hazards.actions import BREAKING
 
     return tuple(a.name for a in BREAKING if a.name not in NOT_ISSUED)
 
@@ -134,7 +134,7 @@ class Neighbors:
     def _run(self) -> None:
         from capsafe import context, driver
         from capsafe.errors import CapsafeError
-        from capsafe.hazard_actions import BY_NAME, ActionKit
+        from capsafe.hazards.actions import BY_NAME, ActionKit
 
         try:
             context.device(0)

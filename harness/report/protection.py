@@ -67,7 +67,7 @@ def hazard_rows(kinds: Sequence[str]) -> str:
     """The hazard-table rules and rows that neighbour call `kinds` fall under, as
     docs/integrations.md's table names them: `always (ctx_sync); legacy-implicit (...)`."""
     from capsafe import hazards
-    from capsafe.hazard_actions import BY_NAME
+    from capsafe.hazards.actions import BY_NAME
 
     found: dict[str, list[str]] = {}
     for row in dict.fromkeys(BY_NAME[k].row for k in kinds):

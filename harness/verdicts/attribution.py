@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from capsafe import hazards
 from capsafe.handles import CaptureMode, StreamKind
-from capsafe.hazard_actions import BY_NAME
+from capsafe.hazards.actions import BY_NAME
 
 Subset = tuple[str, ...]
 #: One process: neighbours restricted to `kinds`, running `tests`.

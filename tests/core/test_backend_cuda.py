@@ -218,7 +218,7 @@ def test_nvrtc_cubin_loads_and_launches(gpu: Backend, buffer: DevicePtr) -> None
 
 @pytest.mark.cuda
 def test_hand_written_ptx_loads(gpu: Backend) -> None:
-    from capsafe.hazard_actions import NOOP_KERNEL, NOOP_PTX
+    from capsafe.hazards.actions import NOOP_KERNEL, NOOP_PTX
 
     module = gpu.module_load_data(NOOP_PTX.rstrip(b"\0"))  # the backend adds the NUL
     try:

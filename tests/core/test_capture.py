@@ -22,7 +22,7 @@ from capsafe.driver import GatedDriver
 from capsafe.errors import CapsafeError, CaptureInvalidated, CudaError, UsageError
 from capsafe.gate import CaptureGate
 from capsafe.handles import LEGACY_STREAM, CaptureMode, Context
-from capsafe.hazard_calls import METHOD_CALLS
+from capsafe.hazards.calls import METHOD_CALLS
 from capsafe.sim import SimBackend
 
 pytestmark = pytest.mark.timeout(300)

@@ -9,12 +9,13 @@ import subprocess
 import sys
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from capsafe import context, driver
+from capsafe._state import reset_for_tests
 from capsafe.backend import Backend
 from capsafe.context import CudaDevice
 from capsafe.errors import BackendUnavailable, CudaError, ForkedProcessError, UsageError
@@ -41,11 +42,18 @@ class CountingSim(SimBackend):
         super().ctx_set_current(ctx)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_registry() -> Iterator[None]:
+    """Devices a test registered are forgotten after it (after monkeypatch undoes `get`)."""
+    yield
+    reset_for_tests()
+
+
 def _use_backend(monkeypatch: pytest.MonkeyPatch, backend: Backend) -> None:
     """Make capsafe.device() hand out devices of `backend`, from an empty registry."""
     backend.init()
-    monkeypatch.setattr(driver, "get", lambda: backend)  # the module context calls
-    monkeypatch.setattr(context, "_devices", {})
+    monkeypatch.setattr(context.driver, "get", lambda: backend)
+    reset_for_tests()
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from capsafe.driver import (
 from capsafe.errors import CudaError
 from capsafe.gate import CaptureGate
 from capsafe.handles import CaptureMode, CaptureStatus
-from capsafe.hazard_calls import METHOD_CALLS
+from capsafe.hazards.calls import METHOD_CALLS
 from capsafe.sim import SimBackend
 
 pytestmark = pytest.mark.timeout(60)
@@ -95,7 +95,7 @@ def test_an_unnamed_gated_method_waits_for_a_capture(sim_backend: SimBackend) ->
 def test_the_facade_does_not_import_the_trial_rig() -> None:
     code = (
         "import sys, capsafe.driver; "
-        "bad = [m for m in ('capsafe.hazard_trial', 'capsafe.hazard_actions') "
+        "bad = [m for m in ('capsafe.hazards.trial', 'capsafe.hazards.actions') "
         "if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -16,10 +16,11 @@ import pytest
 
 import capsafe
 from capsafe import context, driver, hazards
+from capsafe._state import reset_for_tests
 from capsafe.backend import Backend
 from capsafe.errors import CaptureInvalidated, CudaError, ForkedProcessError, UsageError
 from capsafe.handles import CaptureMode, StreamKind
-from capsafe.hazard_trial import run_trial
+from capsafe.hazards.trial import run_trial
 from capsafe.sim import SimBackend
 
 pytestmark = pytest.mark.timeout(300)
@@ -35,12 +36,11 @@ def machine(
     """The process-wide driver (and so `capsafe.device()`) is a fresh sim with 2 or 3 devices."""
     backend = SimBackend(devices=request.param)
     backend.init()
-    monkeypatch.setattr(driver, "_driver", backend)
-    monkeypatch.setattr(driver, "_facades", {})
-    monkeypatch.setattr(context, "_devices", {})
+    reset_for_tests(backend)
     previous = backend.ctx_get_current()
     yield backend
     backend.ctx_set_current(previous)
+    reset_for_tests()
 
 
 def _used(b: Backend) -> int:

@@ -46,7 +46,9 @@ def test_sim_matrix_agrees_with_the_table(
     out = tmp_path / "sim.jsonl"
     assert hazard_matrix.main(["--backend", "sim", "--compare", "--json", str(out)]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(rows) == len(list(hazards.cells())) == 312
+    assert (
+        len(rows) == len(list(hazards.cells())) == 336
+    )  # 28 calls x 3 modes x 2 streams x 2 callers
     assert all(set(hazard_matrix.KEYS) <= row.keys() for row in rows)
     cells = {(r["call"], r["mode"], r["stream"], r["caller"], r["device"]) for r in rows}
     assert cells == {(c, m.value, s.value, w, d) for c, m, s, w, d in hazards.cells()}
@@ -150,7 +152,7 @@ def test_cross_device_matrix_on_two_simulated_devices_agrees(tmp_path: Path) -> 
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(rows) == 312 and {r["device"] for r in rows} == {hazards.OTHER_DEVICE}
+    assert len(rows) == 336 and {r["device"] for r in rows} == {hazards.OTHER_DEVICE}
     last = done.stdout.strip().splitlines()[-1]
     assert "capture on device 0 and call on device 1" in last
     assert "0 disagreement(s)" in last and "predictions until measured" in last

@@ -16,8 +16,8 @@ from capsafe import hazards
 from capsafe.backend import Backend
 from capsafe.errors import CaptureInvalidated, CudaError
 from capsafe.handles import LEGACY_STREAM, CaptureMode
-from capsafe.hazard_actions import NOOP_KERNEL, NOOP_PTX
-from capsafe.hazard_trial import run_trial
+from capsafe.hazards.actions import NOOP_KERNEL, NOOP_PTX
+from capsafe.hazards.trial import run_trial
 from capsafe.sim import SimBackend
 from capsafe.sim.calibration import (
     ALLOCATION_GRANULARITY,

@@ -12,14 +12,14 @@ from capsafe import hazards
 from capsafe.backend import Backend
 from capsafe.errors import CaptureInvalidated, CudaError
 from capsafe.handles import LEGACY_STREAM, CaptureMode, CaptureStatus, Stream, StreamKind
-from capsafe.hazard_actions import ACTIONS
-from capsafe.hazard_calls import (
+from capsafe.hazards.actions import ACTIONS
+from capsafe.hazards.calls import (
     METHOD_CALLS,
     STREAM_WAIT_METHODS,
     STREAM_WORK_METHODS,
     hazard_call,
 )
-from capsafe.hazard_trial import run_trial
+from capsafe.hazards.trial import run_trial
 from capsafe.sim import SimBackend
 
 CELLS = list(hazards.cells())

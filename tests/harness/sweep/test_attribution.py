@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 
 from capsafe import hazards
 from capsafe.handles import CaptureMode, StreamKind
-from capsafe.hazard_actions import BY_NAME
+from capsafe.hazards.actions import BY_NAME
 from capsafe_harness.plugin.neighbors import issued_calls
 from capsafe_harness.verdicts import attribution as attr
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-HARNESS = Path(__file__).resolve().parents[1] / "harness"
+HARNESS = Path(__file__).resolve().parents[3] / "harness"
 NEW_MEMBER = '    FLAKY = "flaky"\n'
 NEW_CLASS = "    Class(Verdict.ERROR, 0,"
 

@@ -200,7 +200,7 @@ def test_wilson_interval_edges() -> None:
 
 def test_docs_class_table_is_the_catalogues() -> None:
     """docs/harness.md's class table is generated from the catalogue, and kept so."""
-    docs = (Path(__file__).resolve().parents[1] / "docs" / "harness.md").read_text()
+    docs = (Path(__file__).resolve().parents[3] / "docs" / "harness.md").read_text()
     start = docs.index("| class | example | evidence rule |")
     shown = docs[start : docs.index("\n\n", start) + 1]
     assert shown == docs_table(), "regenerate with `python -m capsafe_harness.verdicts.catalogue`"

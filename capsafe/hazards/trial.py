@@ -1,6 +1,6 @@
 """One cell of the hazard matrix, measured the same way on any backend.
 
-`run_trial` opens a capture, makes one row's call from `capsafe.hazard_actions`
+`run_trial` opens a capture, makes one row's call from `capsafe.hazards.actions`
 (on the capturing thread or another one) and ends the capture, recording what
 the call and cuStreamEndCapture returned. For a cross-device cell
 (`hazards.OTHER_DEVICE`) the capture is on device 0 and the call is made with
@@ -22,7 +22,7 @@ from capsafe import hazards
 from capsafe.backend import Backend
 from capsafe.errors import CudaError, UsageError
 from capsafe.handles import CaptureMode, CaptureStatus, Context, Device, DevicePtr, StreamKind
-from capsafe.hazard_actions import BUFFER_BYTES, BY_ROW, ActionKit, HazardAction, Leftover
+from capsafe.hazards.actions import BUFFER_BYTES, BY_ROW, ActionKit, HazardAction, Leftover
 
 #: (capturing device, calling device) ordinals of each device relation.
 ORDINALS: dict[str, tuple[int, int]] = {hazards.SAME_DEVICE: (0, 0), hazards.OTHER_DEVICE: (0, 1)}

@@ -33,9 +33,12 @@ from capsafe import hazards
 from capsafe.backend import Backend
 from capsafe.handles import (
     LEGACY_STREAM,
+    CaptureMode,
     Device,
     DevicePtr,
     Event,
+    Graph,
+    GraphExec,
     HostPtr,
     MemHandle,
     Module,
@@ -68,7 +71,15 @@ class VmmMapping:
     mapped: bool = True  # False: reserved and created, the map itself failed
 
 
-Leftover = DevicePtr | HostPtr | Module | Event | Stream | VmmMapping | None
+@dataclass(frozen=True)
+class FinishedGraph:
+    """A graph captured, instantiated, launched and synchronized: what the destroy rows take."""
+
+    graph: Graph | None
+    graph_exec: GraphExec | None
+
+
+Leftover = DevicePtr | HostPtr | Module | Event | Stream | VmmMapping | FinishedGraph | None
 
 
 class ActionKit:
@@ -141,6 +152,11 @@ def release(kit: ActionKit, thing: Leftover) -> None:
         d.event_destroy(thing)
     elif isinstance(thing, Stream):
         d.stream_destroy(thing)
+    elif isinstance(thing, FinishedGraph):
+        if thing.graph_exec is not None:
+            d.graph_exec_destroy(thing.graph_exec)
+        if thing.graph is not None:
+            d.graph_destroy(thing.graph)
     elif isinstance(thing, VmmMapping):
         if thing.mapped:
             d.mem_unmap(thing.va, thing.size)
@@ -205,6 +221,32 @@ def _stream_query_capturing(kit: ActionKit, _: Any) -> None:
     if kit.capturing is None:
         raise ValueError("stream_query_capturing needs the kit's capturing stream")
     kit.driver.stream_query(kit.capturing)
+
+
+def _finished_graph(kit: ActionKit) -> FinishedGraph:
+    # Made before the capture under test begins, on the kit's own stream.
+    d, stream = kit.driver, kit.other_stream
+    d.stream_begin_capture(stream, CaptureMode.RELAXED)
+    try:
+        d.memset_d8_async(kit.ptr, 0, 16, stream)
+    finally:
+        graph = d.stream_end_capture(stream)
+    graph_exec = d.graph_instantiate(graph)
+    d.graph_launch(graph_exec, stream)
+    d.stream_synchronize(stream)
+    return FinishedGraph(graph, graph_exec)
+
+
+def _destroy_graph(kit: ActionKit, finished: FinishedGraph) -> Leftover:
+    assert finished.graph is not None
+    kit.driver.graph_destroy(finished.graph)
+    return FinishedGraph(None, finished.graph_exec)
+
+
+def _destroy_graph_exec(kit: ActionKit, finished: FinishedGraph) -> Leftover:
+    assert finished.graph_exec is not None
+    kit.driver.graph_exec_destroy(finished.graph_exec)
+    return FinishedGraph(finished.graph, None)
 
 
 _N = BUFFER_BYTES
@@ -349,12 +391,32 @@ ACTIONS: tuple[HazardAction, ...] = (
         _vmm_unmap,
         prepare=_vmm_map,
     ),
+    HazardAction(
+        "graph_destroy",
+        "graph_destroy",
+        ("graph_destroy",),
+        _destroy_graph,
+        prepare=_finished_graph,
+    ),
+    HazardAction(
+        "graph_exec_destroy",
+        "graph_exec_destroy",
+        ("graph_exec_destroy",),
+        _destroy_graph_exec,
+        prepare=_finished_graph,
+    ),
 )
 
 BY_NAME: dict[str, HazardAction] = {action.name: action for action in ACTIONS}
 BY_ROW: dict[str, HazardAction] = {action.row: action for action in ACTIONS}
 #: The actions whose row breaks some capture: what neighbours and `capture_race --hazards` make.
-BREAKING: tuple[HazardAction, ...] = tuple(a for a in ACTIONS if a.breaks_captures)
+#: Rows whose preparation is itself a capture (a finished graph to destroy): measured by
+#: the hazard-matrix trial, which prepares before the window opens, but never looped
+#: by neighbours or reproducers, whose preparation would break captures on its own.
+PREPARED_BY_CAPTURE = frozenset({"graph_destroy", "graph_exec_destroy"})
+BREAKING: tuple[HazardAction, ...] = tuple(
+    a for a in ACTIONS if a.breaks_captures and a.name not in PREPARED_BY_CAPTURE
+)
 
 
 def names(actions: tuple[HazardAction, ...] | list[HazardAction]) -> str:

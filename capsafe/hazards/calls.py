@@ -4,8 +4,8 @@
 stream, capturing)` names the `hazards.CALLS` row a facade method exercises.
 The simulated device uses it to apply the table, and the gated driver to decide
 which calls take the capture gate's shared side. The calls themselves, made on
-purpose, are `capsafe.hazard_actions`; one measured cell is
-`capsafe.hazard_trial.run_trial`.
+purpose, are `capsafe.hazards.actions`; one measured cell is
+`capsafe.hazards.trial.run_trial`.
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ METHOD_CALLS: dict[str, str] = {
     "mem_set_access": "vmm_map",
     "mem_unmap": "vmm_unmap",
     "mem_release": "vmm_unmap",
+    "graph_destroy": "graph_destroy",
+    "graph_exec_destroy": "graph_exec_destroy",
     "mem_address_free": "vmm_unmap",
 }
 

@@ -69,12 +69,17 @@ CALLS: dict[str, str] = {
     "primary_ctx_release_retain": "cuDevicePrimaryCtxRelease + cuDevicePrimaryCtxRetain",
     "vmm_map": "cuMemCreate + cuMemAddressReserve + cuMemMap + cuMemSetAccess",
     "vmm_unmap": "cuMemUnmap + cuMemRelease + cuMemAddressFree",
+    "graph_destroy": "cuGraphDestroy (a finished graph)",
+    "graph_exec_destroy": "cuGraphExecDestroy (a finished graph's executable)",
 }
 
 
 @dataclass(frozen=True)
 class Rule:
-    """Calls that fail with `result` (and invalidate the capture) in the cells listed."""
+    """Calls that fail with `result` (and invalidate the capture) in the cells listed.
+
+    `result` SUCCESS: the call returns success and still invalidates the capture.
+    """
 
     name: str
     calls: frozenset[str]
@@ -158,6 +163,39 @@ RULES: tuple[Rule, ...] = (
         IMPLICIT,
         "legacy-stream work implicitly joins a blocking capture stream",
         streams=(StreamKind.BLOCKING,),
+    ),
+    # Destroying a finished graph (captured, instantiated, launched, synchronized before
+    # the capture began): measured on the H200, 2026-12-01, 50 trials per cell.
+    _rule(
+        "graph-exec-destroy",
+        ("graph_exec_destroy",),
+        UNSUPPORTED,
+        "GLOBAL forbids destroying a graph executable from every thread, THREAD_LOCAL "
+        "from the capturing thread",
+        modes=(CaptureMode.GLOBAL,),
+    ),
+    _rule(
+        "graph-exec-destroy-thread-local",
+        ("graph_exec_destroy",),
+        UNSUPPORTED,
+        "THREAD_LOCAL forbids it on the capturing thread only",
+        modes=(CaptureMode.THREAD_LOCAL,),
+        callers=(SAME_THREAD,),
+    ),
+    _rule(
+        "graph-destroy-silent",
+        ("graph_destroy",),
+        SUCCESS,
+        "cuGraphDestroy returns CUDA_SUCCESS but invalidates a GLOBAL capture (a silent break)",
+        modes=(CaptureMode.GLOBAL,),
+    ),
+    _rule(
+        "graph-destroy-silent-thread-local",
+        ("graph_destroy",),
+        SUCCESS,
+        "the same on the capturing thread of a THREAD_LOCAL capture",
+        modes=(CaptureMode.THREAD_LOCAL,),
+        callers=(SAME_THREAD,),
     ),
     # Predicted, not measured: a call made with another device's context current.
     # The legacy stream is per context, so legacy-implicit has no counterpart here.
