@@ -130,11 +130,12 @@ DEFERRED_RELEASES = frozenset(
         "primary_ctx_release",
     }
 )
-#: Teardown of finished graphs, from any thread: while a capture holds or waits for the
-#: gate it is queued and run when that window ends, never waited for (a helper thread
-#: that ends captures for several capturer threads and destroys their graphs would
-#: otherwise wait for a capture only it can end). Measured: it can break a GLOBAL capture.
-QUEUED_TEARDOWN = frozenset({"graph_destroy", "graph_exec_destroy"})
+#: Teardown of finished graphs' executables, from any thread: while a capture holds or
+#: waits for the gate it is queued and run when that window ends, never waited for (a
+#: helper thread that ends captures for several capturer threads and destroys their
+#: executables would otherwise wait for a capture only it can end). Measured on the H200:
+#: cuGraphExecDestroy breaks a GLOBAL capture; cuGraphDestroy broke none (no gate at all).
+QUEUED_TEARDOWN = frozenset({"graph_exec_destroy"})
 _CAPTURE_METHODS = ("stream_begin_capture", "stream_end_capture")
 
 #: Backend methods no hazard-table row covers that bypass the gate, and why each may.

@@ -410,10 +410,11 @@ ACTIONS: tuple[HazardAction, ...] = (
 BY_NAME: dict[str, HazardAction] = {action.name: action for action in ACTIONS}
 BY_ROW: dict[str, HazardAction] = {action.row: action for action in ACTIONS}
 #: The actions whose row breaks some capture: what neighbours and `capture_race --hazards` make.
-#: Rows whose preparation is itself a capture (a finished graph to destroy): measured by
+#: Breaking rows whose preparation is itself a capture (a finished graph's executable to
+#: destroy; graph_destroy, prepared the same way, breaks nothing): measured by
 #: the hazard-matrix trial, which prepares before the window opens, but never looped
 #: by neighbours or reproducers, whose preparation would break captures on its own.
-PREPARED_BY_CAPTURE = frozenset({"graph_destroy", "graph_exec_destroy"})
+PREPARED_BY_CAPTURE = frozenset({"graph_exec_destroy"})
 BREAKING: tuple[HazardAction, ...] = tuple(
     a for a in ACTIONS if a.breaks_captures and a.name not in PREPARED_BY_CAPTURE
 )

@@ -29,9 +29,10 @@ import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import capsafe
+from capsafe.backend import Backend
 from capsafe.driver import GatedDriver
 from capsafe.gate import CaptureGate
 from capsafe.handles import CaptureMode
@@ -201,7 +202,9 @@ def problems(world: World, cycle: Cycle) -> list[str]:
         try:
             world.backend.ctx_set_current(world.context)
             stream = world.facade.stream_create(nonblocking=True)
-            with capsafe.capture(stream, CaptureMode.GLOBAL, driver=world.facade) as cap:
+            with capsafe.capture(
+                stream, CaptureMode.GLOBAL, driver=cast(Backend, world.facade)
+            ) as cap:
                 pass
             assert cap.graph is not None
             world.facade.graph_destroy(cap.graph)
@@ -274,7 +277,7 @@ def _stream(world: World) -> None:
 
 def _facade_capture(world: World) -> None:
     stream = world.extra["stream"]
-    with capsafe.capture(stream, CaptureMode.GLOBAL, driver=world.facade) as cap:
+    with capsafe.capture(stream, CaptureMode.GLOBAL, driver=cast(Backend, world.facade)) as cap:
         world.facade.memset_d8_async(world.extra["ptr"], 0, 1 << 12, stream)
     assert cap.graph is not None
     world.facade.graph_destroy(cap.graph)

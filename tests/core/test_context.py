@@ -52,7 +52,7 @@ def _fresh_registry() -> Iterator[None]:
 def _use_backend(monkeypatch: pytest.MonkeyPatch, backend: Backend) -> None:
     """Make capsafe.device() hand out devices of `backend`, from an empty registry."""
     backend.init()
-    monkeypatch.setattr(context.driver, "get", lambda: backend)
+    monkeypatch.setattr(driver, "get", lambda: backend)
     reset_for_tests()
 
 

@@ -10,13 +10,13 @@ each, the gate must be usable and nothing held. Reintroducing issue 22's items
 from __future__ import annotations
 
 import pytest
-from signal_points import CYCLES, check
+from signal_points import CYCLES, Cycle, check
 
 pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.mark.parametrize("cycle", CYCLES, ids=[c.name for c in CYCLES])
-def test_no_signal_point_leaves_the_gate_unusable(cycle) -> None:
+def test_no_signal_point_leaves_the_gate_unusable(cycle: Cycle) -> None:
     report = check(cycle)
     print(f"{cycle.name}: {report.points} points checked, {len(report.bad)} bad")
     assert report.points > 10, "the tracer saw too little of the cycle to mean anything"
