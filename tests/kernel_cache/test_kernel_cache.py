@@ -556,3 +556,330 @@ def test_settings_come_from_the_environment(tmp_path: Path) -> None:
     ):
         with pytest.raises(UsageError):
             settings_from_env(bad)
+
+
+# -- counters, size tracker, clear and prune: the gaps a mutation run of store.py found.
+# The store's clock is a fake where the flush period matters.
+class FakeClock:
+    """Stands in for the `time` module inside store.py: `now` is what every clock says."""
+
+    def __init__(self, now: float = 1_000_000_000.0) -> None:
+        self.now = now
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock()
+    monkeypatch.setattr(kernel_cache.store, "time", fake)
+    return fake
+
+
+def _saved(cache: KernelCache) -> dict[str, Any]:
+    """stats.json as another process would read it."""
+    path = cache.directory / "stats.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+# -- the flush period -----------------------------------------------------------------
+def test_hits_are_batched_within_the_flush_period(tmp_path: Path, clock: FakeClock) -> None:
+    cache = KernelCache(tmp_path / "cache")
+    lookup(cache, FakeCompiler())  # a compile flushes at once
+    assert lookup(cache, FakeCompiler()).hit
+    assert _saved(cache).get("hits", 0) == 0  # still pending...
+    assert cache.stats()["hits"] == 1  # ...but counted
+    assert _saved(cache)["hits"] == 1  # stats() flushes
+
+
+def test_a_hit_a_full_period_after_the_last_flush_is_saved(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    cache = KernelCache(tmp_path / "cache")
+    clock.now += 5.0
+    lookup(cache, FakeCompiler())  # flushes, and restarts the period
+    clock.now += 0.5
+    assert lookup(cache, FakeCompiler()).hit
+    assert _saved(cache).get("hits", 0) == 0  # half a period since the compile's flush
+    clock.now += 0.5  # exactly one period
+    assert lookup(cache, FakeCompiler()).hit
+    assert _saved(cache)["hits"] == 2
+
+
+def test_exit_flushes_pending_hits(tmp_path: Path, clock: FakeClock) -> None:
+    cache = KernelCache(tmp_path / "cache")
+    lookup(cache, FakeCompiler())
+    assert lookup(cache, FakeCompiler()).hit
+    assert _saved(cache).get("hits", 0) == 0
+    kernel_cache._flush_all()  # what atexit runs, within the period
+    assert _saved(cache)["hits"] == 1
+
+
+def test_compile_seconds_is_what_the_compile_took(tmp_path: Path, clock: FakeClock) -> None:
+    cache = KernelCache(tmp_path / "cache")
+
+    def compile() -> tuple[bytes, dict[str, str]]:
+        clock.now += 2.5
+        return b"payload", {}
+
+    made = cache.get_or_compile(key_of(0), "ptx", compile)
+    assert made.compile_seconds == 2.5
+    assert cache.stats()["compile_seconds"] == 2.5
+    assert cache.get_or_compile(key_of(0), "ptx", compile).compile_seconds == 2.5
+
+
+def test_counts_of_a_removed_directory_are_dropped(tmp_path: Path, clock: FakeClock) -> None:
+    """Nothing can save them and nothing should retry: the cache is gone."""
+    cache = KernelCache(tmp_path / "cache")
+    lookup(cache, FakeCompiler())
+    assert lookup(cache, FakeCompiler()).hit  # pending
+    shutil.rmtree(cache.directory)
+    assert cache.stats()["hits"] == 0
+    assert not cache.directory.exists()
+
+
+# -- reading creates nothing ----------------------------------------------------------
+def test_reading_a_cache_that_does_not_exist_creates_nothing(tmp_path: Path) -> None:
+    cache = KernelCache(tmp_path / "cache")
+    assert cache.stats() == dict.fromkeys(kernel_cache.stats.COUNTERS, 0)
+    assert cache.usage() == (0, 0)
+    assert cache.entries() == []
+    assert cache.prune() == (0, 0)
+    assert cache.clear() == 0
+    assert not cache.directory.exists()
+
+
+def test_stats_of_an_empty_cache_write_nothing(tmp_path: Path) -> None:
+    (tmp_path / "cache").mkdir(mode=0o700)
+    cache = KernelCache(tmp_path / "cache")
+    assert cache.usable()
+    assert cache.stats()["hits"] == 0
+    assert list(cache.directory.iterdir()) == []
+
+
+def test_prune_of_a_cache_without_entries_records_zero_bytes(tmp_path: Path) -> None:
+    cache = KernelCache(tmp_path / "cache")
+    assert cache.usable()  # creates the directory
+    assert cache.prune() == (0, 0)
+    assert _saved(cache) == {"bytes": 0}
+    assert not (cache.directory / "entries").exists()
+
+
+# -- the size tracker ---------------------------------------------------------------------
+def test_the_tracker_follows_writes_and_replacements(tmp_path: Path) -> None:
+    cache = KernelCache(tmp_path / "cache", max_bytes=1 << 20)
+    compiler = FakeCompiler()
+    lookup(cache, compiler, 0)
+    cache.prune()  # a scan: the tracker is known from here on
+    lookup(cache, compiler, 1)
+    assert _saved(cache)["bytes"] == cache.usage()[1]
+    path = cache.entry_path(key_of(1))
+    data = path.read_bytes()
+    path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # damaged: the rewrite replaces it
+    assert not lookup(cache, compiler, 1).hit
+    assert _saved(cache)["bytes"] == cache.usage()[1]
+
+
+def test_a_write_landing_exactly_on_the_budget_does_not_scan(tmp_path: Path) -> None:
+    probe = KernelCache(tmp_path / "probe")
+    lookup(probe, FakeCompiler(), 0)
+    entry_size = probe.usage()[1]
+    cache = KernelCache(tmp_path / "cache", max_bytes=2 * entry_size)
+    lookup(cache, FakeCompiler(), 0)  # the tracker is unknown: this write scans
+    stale = cache.entry_path(key_of(0)).parent / f".tmp-999-{'d' * 16}"
+    stale.write_bytes(b"x")
+    os.utime(stale, (time.time() - 7200, time.time() - 7200))
+    lookup(cache, FakeCompiler(), 1)  # now exactly at the budget: fits, no scan
+    assert stale.exists()
+    assert cache.usage() == (2, 2 * entry_size + 1)
+
+
+def test_prune_counts_fresh_temp_files_once(cache: KernelCache) -> None:
+    lookup(cache, FakeCompiler())
+    fresh = cache.entry_path(key_of(0)).parent / f".tmp-998-{'e' * 16}"
+    fresh.write_bytes(b"x" * 100)
+    assert cache.prune(max_bytes=1 << 20) == (0, 0)
+    assert _saved(cache)["bytes"] == cache.usage()[1]
+
+
+def test_a_temp_file_exactly_an_hour_old_is_not_stale(cache: KernelCache, clock: FakeClock) -> None:
+    lookup(cache, FakeCompiler())
+    temp = cache.entry_path(key_of(0)).parent / f".tmp-997-{'f' * 16}"
+    temp.write_bytes(b"x")
+    os.utime(temp, (clock.now - 3600, clock.now - 3600))
+    cache.prune(max_bytes=1)
+    assert temp.exists()
+
+
+# -- prune ----------------------------------------------------------------------------------
+def _three_entries(tmp_path: Path) -> tuple[KernelCache, int]:
+    cache = KernelCache(tmp_path / "cache", max_bytes=0, warn=OnceWarner())
+    compiler = FakeCompiler()
+    base = time.time() - 100
+    for n in range(3):
+        lookup(cache, compiler, n)
+        os.utime(cache.entry_path(key_of(n)), (base + n, base + n))
+    sizes = {e.size for e in cache.entries()}
+    assert len(sizes) == 1
+    return cache, sizes.pop()
+
+
+def test_prune_reports_the_entries_and_bytes_it_freed(tmp_path: Path) -> None:
+    cache, size = _three_entries(tmp_path)
+    assert cache.prune(max_bytes=size) == (2, 2 * size)
+    assert [e.key for e in cache.entries()] == [key_of(2)]
+
+
+def test_prune_stops_at_an_entry_it_cannot_remove(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache, size = _three_entries(tmp_path)
+    real = os.unlink
+
+    def unlink(path: Any, *args: Any, **kwargs: Any) -> None:
+        if path == key_of(0):
+            raise OSError(errno.EIO, "I/O error")
+        real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", unlink)  # the store calls os.unlink
+    assert cache.prune(max_bytes=size) == (0, 0)
+    monkeypatch.undo()
+    assert len(cache.entries()) == 3
+
+
+# -- entries() ----------------------------------------------------------------------------
+def test_entries_lists_neither_temp_files_nor_foreign_contents(cache: KernelCache) -> None:
+    lookup(cache, FakeCompiler(), 0)
+    source, copy = cache.entry_path(key_of(0)), cache.entry_path(key_of(1))
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, copy)  # a whole entry, of another key
+    (source.parent / f".tmp-996-{'a' * 16}").write_bytes(b"x")
+    found = {e.key: e for e in cache.entries()}
+    assert set(found) == {key_of(0), key_of(1)}
+    assert (found[key_of(0)].kind, found[key_of(0)].meta["arch"]) == ("ptx", "sm_90")
+    assert (found[key_of(1)].kind, dict(found[key_of(1)].meta)) == (None, {})
+
+
+def test_entries_lists_an_unreadable_entry_as_corrupt(
+    cache: KernelCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lookup(cache, FakeCompiler(), 0)
+
+    def unreadable(parent: int, name: str, touch: bool = False) -> bytes:
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(kernel_cache.dirs, "read_file", unreadable)
+    [entry] = cache.entries()
+    assert (entry.key, entry.kind, dict(entry.meta)) == (key_of(0), None, {})
+
+
+# -- clear ------------------------------------------------------------------------------------
+def test_clear_drops_pending_counters(tmp_path: Path, clock: FakeClock) -> None:
+    cache = KernelCache(tmp_path / "cache")
+    lookup(cache, FakeCompiler())
+    assert lookup(cache, FakeCompiler()).hit  # pending
+    assert cache.clear() == 1
+    assert cache.stats()["hits"] == 0
+
+
+def test_clear_creates_no_locks_directory(tmp_path: Path) -> None:
+    cache = KernelCache(tmp_path / "cache")
+    assert cache.usable()
+    assert cache.clear() == 0
+    assert list(cache.directory.iterdir()) == []
+
+
+def test_clear_and_lookups_leave_no_descriptor_open(cache: KernelCache) -> None:
+    compiler = FakeCompiler()
+    lookup(cache, compiler)
+    before = _open_fds()
+    for _ in range(5):
+        assert lookup(cache, compiler).hit
+    cache.clear()
+    assert _open_fds() == before
+
+
+# -- corrupt counts -----------------------------------------------------------------------
+def test_a_damaged_entry_healed_while_waiting_counts_as_corrupt_once(
+    cache: KernelCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    other = KernelCache(cache.directory, warn=OnceWarner())
+    lookup(other, FakeCompiler(), 0)
+    path = cache.entry_path(key_of(0))
+    path.write_bytes(path.read_bytes()[:-1])
+    real = cache._key_lock
+
+    @contextlib.contextmanager
+    def key_lock(key: str) -> Iterator[None]:
+        other.clear()
+        lookup(other, FakeCompiler(), 0)  # the other process heals it meanwhile
+        with real(key):
+            yield
+
+    monkeypatch.setattr(cache, "_key_lock", key_lock)
+    found = lookup(cache, FakeCompiler(), 0)
+    assert (found.hit, found.waited) == (True, True)
+    assert cache.stats()["corrupt"] == 1
+
+
+# -- fork ---------------------------------------------------------------------------------
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_does_not_count_its_parents_pending_hits(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    cache = KernelCache(tmp_path / "cache")
+    lookup(cache, FakeCompiler())
+    assert lookup(cache, FakeCompiler()).hit  # pending in the parent
+    pid = os.fork()
+    if pid == 0:  # the child: flush whatever it has, then leave at once
+        code = 1
+        try:
+            cache.stats()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert cache.stats()["hits"] == 1  # the parent's one hit, saved once
+
+
+def test_a_disabled_cache_ignores_an_existing_cache(tmp_path: Path) -> None:
+    """CAPSAFE_KERNEL_CACHE=0 over a populated directory: no hit, no write, no count."""
+    lookup(KernelCache(tmp_path / "cache"), FakeCompiler(), 0)
+    before = sorted(p.name for p in (tmp_path / "cache").rglob("*"))
+    disabled = KernelCache(tmp_path / "cache", enabled=False)
+    compiler = FakeCompiler()
+    assert not lookup(disabled, compiler, 0).hit
+    assert not lookup(disabled, compiler, 1).hit
+    assert compiler.calls == 2
+    assert sorted(p.name for p in (tmp_path / "cache").rglob("*")) == before
+    assert KernelCache(tmp_path / "cache").stats()["compiles"] == 1
+
+
+def test_prune_never_recreates_a_shard_removed_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process removed an entry and its directories after the scan."""
+    cache, size = _three_entries(tmp_path)
+    shard = cache.entry_path(key_of(0)).parent
+    real = kernel_cache.dirs.walk
+
+    def walk(entries: int) -> Iterator[Any]:
+        yield from real(entries)
+        shutil.rmtree(shard)
+
+    monkeypatch.setattr(kernel_cache.dirs, "walk", walk)
+    assert cache.prune(max_bytes=size) == (1, size)
+    assert not shard.exists()
+    assert [e.key for e in cache.entries()] == [key_of(2)]
