@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import pytest
 from test_gate import JOIN_S, hold_section, join, spawn
-from test_gate_regressions import CallbackCondition
+from test_gate_regressions import CallbackCondition, gated_call_recording
 
 from capsafe import gate as gate_module
 from capsafe.errors import UsageError
@@ -73,16 +73,7 @@ def test_a_finalizer_in_a_capture_wait_with_a_section_open_is_refused() -> None:
     g = CaptureGate()
     outcome: list[BaseException | None] = []
 
-    def finalizer() -> None:
-        try:
-            g.enter("mem_alloc")
-        except UsageError as exc:
-            outcome.append(exc)
-        else:
-            outcome.append(None)
-            g.exit()
-
-    g._may_capture = CallbackCondition(g._lock, "waiter", finalizer)
+    g._may_capture = CallbackCondition(g._lock, "waiter", gated_call_recording(g, outcome))
     entered, leave = threading.Event(), threading.Event()
     holder = spawn(lambda: hold_section(g, entered, leave), name="holder")
     assert entered.wait(JOIN_S)

@@ -56,6 +56,21 @@ class CallbackCondition(threading.Condition):
         return super().wait(timeout)
 
 
+def gated_call_recording(g: CaptureGate, outcome: list[BaseException | None]) -> Callable[[], None]:
+    """A finalizer's gated call: records the UsageError that refuses it, or None if it ran."""
+
+    def finalizer() -> None:
+        try:
+            g.enter("mem_alloc")
+        except UsageError as exc:
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+            g.exit()
+
+    return finalizer
+
+
 def test_1_an_exception_after_the_fairness_grant_returns_the_grant() -> None:
     g = CaptureGate(fairness_s=0.001)
     armed = threading.Event()
@@ -170,16 +185,8 @@ def test_4_a_finalizer_in_begin_capture_cannot_wait_forever_or_run_beside_a_capt
     g = CaptureGate()
     outcome: list[BaseException | None] = []
 
-    def finalizer() -> None:  # a gated call that cannot be deferred
-        try:
-            g.enter("mem_alloc")
-        except UsageError as exc:
-            outcome.append(exc)
-        else:
-            outcome.append(None)
-            g.exit()
-
-    g._may_capture = CallbackCondition(g._lock, "waiter", finalizer)
+    # a gated call that cannot be deferred
+    g._may_capture = CallbackCondition(g._lock, "waiter", gated_call_recording(g, outcome))
     guard = g.begin_capture(timeout=5)
     waiter = spawn(lambda: g.begin_capture(timeout=10).release(), name="waiter")
     assert g._may_capture.ran.wait(5)
