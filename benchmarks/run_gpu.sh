@@ -41,6 +41,8 @@ step cuda_tests $PY -m pytest -m cuda -q -rA -p no:cacheprovider -p no:randomly 
 # --gpus all: each sweep process pinned to one device; the GPUs/rows/devices-seen line is the evidence.
 step sweep_gpus $PY -m pytest -m cuda -q -rA -s -p no:cacheprovider -p no:randomly tests/harness/sweep/test_gpus.py
 step hazard_matrix $PY -m capsafe_repro.hazard_matrix --backend "$CAPSAFE_BACKEND" --compare --json "$OUT/hazard_matrix.jsonl"
+# The same cells with the capture invalidated by another thread's cuCtxSynchronize and left open.
+step hazard_matrix_left_open $PY -m capsafe_repro.hazard_matrix --backend "$CAPSAFE_BACKEND" --left-open --compare --json "$OUT/hazard_matrix_left_open.jsonl"
 step hazard_matrix_cross_device bash -c 'o=$("$0" -m capsafe_repro.hazard_matrix --backend "$1" --cross-device --compare --json "$2" 2>&1); rc=$?; echo "$o"; [ $rc -eq 0 ] || { [ $rc -eq 2 ] && grep -q "needs 2 devices" <<<"$o"; }' "$PY" "$CAPSAFE_BACKEND" "$OUT/hazard_matrix_cross_device.jsonl"
 step capture_race_off $PY -m capsafe_repro.capture_race --backend "$CAPSAFE_BACKEND" --mode global --gate off --threads 4 --seconds 2 --json "$OUT/capture_race_off.json"
 step capture_race_on $PY -m capsafe_repro.capture_race --backend "$CAPSAFE_BACKEND" --mode global --gate on --threads 4 --seconds 2 --json "$OUT/capture_race_on.json"

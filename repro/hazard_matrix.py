@@ -15,6 +15,9 @@ prints the matrix, one summary line, and with --compare exits 1 listing every
 cell where the measurement disagrees with the table. `--cross-device` measures
 the same cells with the capture on device 0 and the call made in device 1's
 context (`hazards.OTHER_DEVICE`); a machine with one device exits 2 saying so.
+`--left-open` measures the same cells while the capture is left open after another
+thread's cuCtxSynchronize invalidated it (`hazards.LEFT_OPEN`): what a test that never
+ends a broken capture does to every later call in the process.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from capsafe.hazards.trial import ORDINALS, devices_needed, needs_devices_messag
 
 from .cli import run_main, write_output
 
-KEYS = ("call", "mode", "stream", "caller", "device", "call_result", "end_capture")
+KEYS = ("call", "mode", "stream", "caller", "device", "state", "call_result", "end_capture")
 TRIAL_TIMEOUT_S = 120.0
 #: A trial process killed by a signal is run again this many times. Observed on an
 #: H200: a segfault in the trial's teardown (after the measurement, before it was
@@ -59,6 +62,10 @@ LEGEND = (
     "STREAM_CAPTURE_UNSUPPORTED / _IMPLICIT and the capture ended INVALIDATED; "
     "A/B: call returned A, end of capture B; *: disagrees with capsafe.hazards"
 )
+LEFT_OPEN_LEGEND = (
+    "Left open: another thread's cuCtxSynchronize invalidated the capture before the call, "
+    "so it always ends INVALIDATED; ok / UNSUP / IMPL: what the call returned"
+)
 
 Cell = hazards.Cell
 Row = dict[str, str]
@@ -69,6 +76,11 @@ def _device_of(row: Row) -> str:
     return row.get("device", hazards.SAME_DEVICE)
 
 
+def _state_of(row: Row) -> str:
+    """A row's capture state; rows measured before the left-open axis have none."""
+    return row.get("state", hazards.ACTIVE)
+
+
 @dataclass(frozen=True)
 class Disagreement:
     row: Row
@@ -76,9 +88,11 @@ class Disagreement:
 
     def describe(self) -> str:
         r = self.row
-        measured = _code(r["call_result"], r["end_capture"])
-        wanted = _code(self.expected.call_result, self.expected.end_capture)
+        state = _state_of(r)
+        measured = _code(r["call_result"], r["end_capture"], state)
+        wanted = _code(self.expected.call_result, self.expected.end_capture, state)
         where = "" if _device_of(r) == hazards.SAME_DEVICE else f" {_device_of(r)}"
+        where += "" if state == hazards.ACTIVE else f" {state}"
         return (
             f"{r['call']} {r['mode']} {r['stream']} {r['caller']}{where}: measured {measured} "
             f"({r['call_result']}, end {r['end_capture']}), table says {wanted}"
@@ -89,9 +103,11 @@ def _short(result: str) -> str:
     return _SHORT.get(result) or result.removeprefix("CUDA_ERROR_")
 
 
-def _code(call_result: str, end_capture: str) -> str:
-    """Compact cell text: the call's result, plus the end of capture when it is a surprise."""
-    usual_end = hazards.SUCCESS if call_result == hazards.SUCCESS else hazards.INVALIDATED
+def _code(call_result: str, end_capture: str, state: str = hazards.ACTIVE) -> str:
+    """Compact cell text: the call's result, plus the end of capture when it is a surprise
+    (a left-open capture always ends INVALIDATED, so only another end is one)."""
+    kept = call_result == hazards.SUCCESS and state == hazards.ACTIVE
+    usual_end = hazards.SUCCESS if kept else hazards.INVALIDATED
     if end_capture == usual_end:
         return _short(call_result)
     return f"{_short(call_result)}/{_short(end_capture)}"
@@ -101,13 +117,14 @@ def _code(call_result: str, end_capture: str) -> str:
 
 
 def _row(cell: Cell, call_result: str, end_capture: str, capturing_after: str = "") -> Row:
-    call, mode, stream, caller, device = cell
+    call, mode, stream, caller, device, state = cell
     row = {
         "call": call,
         "mode": CaptureMode.parse(mode).value,
         "stream": StreamKind(stream).value,
         "caller": caller,
         "device": device,
+        "state": state,
         "call_result": call_result,
         "end_capture": end_capture,
     }
@@ -154,12 +171,14 @@ def _in_fresh_process(backend_name: str) -> Callable[[Cell], Row]:
     )
 
     def run(cell: Cell) -> Row:
-        call, mode, stream, caller, device = cell
+        call, mode, stream, caller, device, state = cell
         command = [sys.executable, "-m", "capsafe_repro.hazard_matrix", "--backend", backend_name]
         command += ["--trial", call, CaptureMode.parse(mode).value, StreamKind(stream).value]
         command.append(caller)
         if device == hazards.OTHER_DEVICE:
             command.append("--cross-device")
+        if state == hazards.LEFT_OPEN:
+            command.append("--left-open")
         reruns = -1
         while reruns < CRASH_RERUNS:
             reruns += 1
@@ -204,7 +223,7 @@ def disagreements(rows: Iterable[Row]) -> list[Disagreement]:
     found = []
     for row in rows:
         want = hazards.expected(
-            row["call"], row["mode"], row["stream"], row["caller"], _device_of(row)
+            row["call"], row["mode"], row["stream"], row["caller"], _device_of(row), _state_of(row)
         )
         if (row["call_result"], row["end_capture"]) != (want.call_result, want.end_capture):
             found.append(Disagreement(row, want))
@@ -228,7 +247,10 @@ def _columns() -> list[tuple[CaptureMode, StreamKind, str]]:
 
 
 def format_table(rows: Sequence[Row]) -> str:
-    """Call rows x (mode, capture stream, caller) columns of compact outcome codes."""
+    """Call rows x (mode, capture stream, caller) columns of compact outcome codes.
+
+    The rows are of one capture state (a run measures one)."""
+    state = _state_of(rows[0]) if rows else hazards.ACTIVE
     by_cell = {(r["call"], r["mode"], r["stream"], r["caller"]): r for r in rows}
     bad = {
         (d.row["call"], d.row["mode"], d.row["stream"], d.row["caller"])
@@ -249,7 +271,7 @@ def format_table(rows: Sequence[Row]) -> str:
         for mode, stream, caller in _columns():
             key = (call, mode.value, stream.value, caller)
             row = by_cell.get(key)
-            code = "-" if row is None else _code(row["call_result"], row["end_capture"])
+            code = "-" if row is None else _code(row["call_result"], row["end_capture"], state)
             code += "*" if key in bad else ""
             text += f"{code:<{_CELL_W}}"
             if (stream, caller) == (hazards.CAPTURE_STREAMS[-1], hazards.CALLERS[-1]):
@@ -257,9 +279,12 @@ def format_table(rows: Sequence[Row]) -> str:
         lines.append(f"{call:<{name_w}}{text}".rstrip())
     lines.append("columns: nb/bl = non-blocking/blocking capture stream, s/o = call made on the")
     lines.append("capturing thread / another thread. " + LEGEND)
+    if state == hazards.LEFT_OPEN:
+        lines.append(LEFT_OPEN_LEGEND)
     return "\n".join(lines)
 
 
+_STATE = {hazards.ACTIVE: "", hazards.LEFT_OPEN: ", an invalidated capture left open"}
 _RELATION = {
     hazards.SAME_DEVICE: "",
     hazards.OTHER_DEVICE: ", capture on device 0 and call on device 1",
@@ -269,24 +294,35 @@ _RELATION = {
 def summary_line(rows: Sequence[Row], where: str, seconds: float) -> str:
     broke = sum(r["end_capture"] != hazards.SUCCESS for r in rows)
     relations = {_device_of(r) for r in rows}
+    states = {_state_of(r) for r in rows}
     errors = sum(r["end_capture"] == "ERROR" for r in rows)
     calls = len({r["call"] for r in rows})
     text = (
         f"{len(rows)} trials ({calls} calls x {len(hazards.MODES)} modes x "
         f"{len(hazards.CAPTURE_STREAMS)} capture streams x {len(hazards.CALLERS)} callers"
-        f"{''.join(_RELATION[d] for d in hazards.DEVICES if d in relations)}) "
-        f"on {where} in {seconds:.1f} s: {len(rows) - broke} kept the capture, "
-        f"{broke - errors} broke it"
+        f"{''.join(_RELATION[d] for d in hazards.DEVICES if d in relations)}"
+        f"{''.join(_STATE[s] for s in hazards.STATES if s in states)}) "
+        f"on {where} in {seconds:.1f} s: "
     )
+    if hazards.LEFT_OPEN in states:
+        refused = sum(r["call_result"] != hazards.SUCCESS for r in rows)
+        text += f"{len(rows) - refused} calls succeeded, {refused - errors} were refused"
+    else:
+        text += f"{len(rows) - broke} kept the capture, {broke - errors} broke it"
     if errors:
         text += f", {errors} trial(s) failed to run"
     reruns = sum(1 for r in rows if r.get("reruns"))
     if reruns:
         text += f", {reruns} trial(s) rerun after their process died by a signal"
     text += f"; {len(disagreements(rows))} disagreement(s) with capsafe.hazards"
-    predicted = [d for d in hazards.DEVICES if d in relations and not hazards.measured(d)]
+    predicted = [
+        " ".join(x for x in (d, s) if x not in (hazards.SAME_DEVICE, hazards.ACTIVE))
+        for d in hazards.DEVICES
+        for s in hazards.STATES
+        if d in relations and s in states and not hazards.measured(d, s)
+    ]
     if predicted:
-        text += f" (the table's {', '.join(predicted)} rules are predictions until measured)"
+        text += f" (the table's {', '.join(predicted)} rules are partly predictions until measured)"
     return text
 
 
@@ -320,9 +356,9 @@ def rules_markdown() -> str:
         return "any" if len(chosen) == len(everything) else ", ".join(chosen)
 
     lines = [
-        "| rule | calls | modes | capture stream | caller | device | measured | the call returns "
-        "| why |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| rule | calls | modes | capture stream | caller | device | capture | measured "
+        "| the call returns | why |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for rule in hazards.RULES:
         calls = "<br>".join(f"`{c}`: {hazards.CALLS[c]}" for c in hazards.CALLS if c in rule.calls)
@@ -330,15 +366,17 @@ def rules_markdown() -> str:
             f"| {rule.name} | {calls} | {names(rule.modes, hazards.MODES)} "
             f"| {names(rule.streams, hazards.CAPTURE_STREAMS)} "
             f"| {names(rule.callers, hazards.CALLERS)} | {names(rule.devices, hazards.DEVICES)} "
+            f"| {names(rule.states, hazards.STATES)} "
             f"| {'yes' if rule.measured else '**no: predicted**'} "
             f"| `{_short(rule.result)}`, capture "
-            f"invalidated | {rule.why} |"
+            f"{'stays invalidated' if rule.states == {hazards.LEFT_OPEN} else 'invalidated'} "
+            f"| {rule.why} |"
         )
     safe = [c for c in hazards.CALLS if not hazards.ever_breaks(c)]
     lines.append("")
     lines.append(
         "Every other call kept the capture in every same-device cell (and is predicted to "
-        "keep it in every other-device cell):"
+        "keep it in every other-device cell, and to succeed beside a left-open capture):"
     )
     lines.append("")
     lines += [f"- `{c}`: {hazards.CALLS[c]}" for c in safe]
@@ -392,6 +430,12 @@ def build_parser() -> argparse.ArgumentParser:
         "the sim has CAPSAFE_SIM_DEVICES)",
     )
     parser.add_argument(
+        "--left-open",
+        action="store_true",
+        help="make each call while the capture is left open after another thread's "
+        "cuCtxSynchronize invalidated it (the capture ends INVALIDATED in every cell)",
+    )
+    parser.add_argument(
         "--rules",
         action="store_true",
         help="print the rule table of capsafe.hazards as Markdown (as in docs/hazards.md) and exit",
@@ -405,21 +449,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _selected_cells(parser: argparse.ArgumentParser, calls: str | None, device: str) -> list[Cell]:
+def _selected_cells(
+    parser: argparse.ArgumentParser, calls: str | None, device: str, state: str
+) -> list[Cell]:
     if not calls:
-        return list(hazards.cells(device))
+        return list(hazards.cells(device, state))
     wanted = [c.strip() for c in calls.split(",") if c.strip()]
     unknown = [c for c in wanted if c not in hazards.CALLS]
     if unknown:
         parser.error(f"unknown call(s) {', '.join(unknown)}; known: {', '.join(hazards.CALLS)}")
-    return [cell for cell in hazards.cells(device) if cell[0] in wanted]
+    return [cell for cell in hazards.cells(device, state) if cell[0] in wanted]
 
 
-def _parse_trial(parser: argparse.ArgumentParser, trial: Sequence[str], device: str) -> Cell:
+def _parse_trial(
+    parser: argparse.ArgumentParser, trial: Sequence[str], device: str, state: str
+) -> Cell:
     call, mode, stream, caller = trial
     try:
-        hazards.rule_for(call, mode, stream, caller, device)
-        return call, CaptureMode.parse(mode), StreamKind(stream), caller, device
+        hazards.rule_for(call, mode, stream, caller, device, state)
+        return call, CaptureMode.parse(mode), StreamKind(stream), caller, device, state
     except (KeyError, ValueError) as exc:
         parser.error(f"bad --trial {' '.join(trial)}: {exc}")
 
@@ -441,11 +489,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(rules_markdown())
         return 0
     device = hazards.OTHER_DEVICE if args.cross_device else hazards.SAME_DEVICE
+    state = hazards.LEFT_OPEN if args.left_open else hazards.ACTIVE
     try:
         args.backend = args.backend or _default_backend()
         if args.trial:
-            return _trial_main(_parse_trial(parser, args.trial, device), args.backend)
-        cells = _selected_cells(parser, args.calls, device)
+            return _trial_main(_parse_trial(parser, args.trial, device, state), args.backend)
+        cells = _selected_cells(parser, args.calls, device, state)
         if args.backend == "cuda" and (reason := unavailable_reason()):
             raise BackendUnavailable(f"--backend cuda needs a GPU, but {reason}; use --backend sim")
         _held, where = hold_devices(args.backend, device)

@@ -12,6 +12,7 @@ Importing the package loads `table` only; the other modules are imported by name
 from __future__ import annotations
 
 from capsafe.hazards.table import (
+    ACTIVE,
     ALLOCATOR_CALLS,
     ALWAYS_CALLS,
     CALLERS,
@@ -21,6 +22,7 @@ from capsafe.hazards.table import (
     DEVICES,
     IMPLICIT,
     INVALIDATED,
+    LEFT_OPEN,
     LEGACY_STREAM_CALLS,
     MODE_FORBIDDEN_CALLS,
     MODES,
@@ -29,6 +31,7 @@ from capsafe.hazards.table import (
     RULES,
     SAME_DEVICE,
     SAME_THREAD,
+    STATES,
     SUCCESS,
     UNSUPPORTED,
     Cell,
@@ -42,6 +45,7 @@ from capsafe.hazards.table import (
 )
 
 __all__ = [
+    "ACTIVE",
     "ALLOCATOR_CALLS",
     "ALWAYS_CALLS",
     "CALLERS",
@@ -51,6 +55,7 @@ __all__ = [
     "DEVICES",
     "IMPLICIT",
     "INVALIDATED",
+    "LEFT_OPEN",
     "LEGACY_STREAM_CALLS",
     "MODES",
     "MODE_FORBIDDEN_CALLS",
@@ -59,6 +64,7 @@ __all__ = [
     "RULES",
     "SAME_DEVICE",
     "SAME_THREAD",
+    "STATES",
     "SUCCESS",
     "UNSUPPORTED",
     "Cell",

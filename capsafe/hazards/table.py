@@ -11,6 +11,14 @@ made with another device's context current (`OTHER_DEVICE`) are predictions
 from CUDA's capture semantics, marked `measured=False` until a 2-GPU machine
 measures them (`python -m capsafe_repro.hazard_matrix --cross-device`).
 
+A rule also names the capture *state* it applies to: `ACTIVE` (the capture is
+valid) or `LEFT_OPEN` (a call already invalidated it and nobody has ended it
+yet). A left-open capture keeps refusing calls until it is ended: measured on the
+H200 (2026-12-01, docs/data/h200_2026-12-01_left_open/) for other threads'
+cuMemAlloc and cuCtxSynchronize on a non-blocking capture stream; the rest of
+its rules are predictions until `python -m capsafe_repro.hazard_matrix
+--left-open` measures them.
+
 A *call* is named by what it does, not by the driver symbol, because the same
 symbol is safe or not depending on its arguments (cuStreamSynchronize on another
 stream vs on the capturing one; async work on the legacy stream vs a
@@ -40,6 +48,11 @@ CAPTURE_STREAMS = (StreamKind.NONBLOCKING, StreamKind.BLOCKING)
 SAME_DEVICE = "same_device"
 OTHER_DEVICE = "other_device"
 DEVICES = (SAME_DEVICE, OTHER_DEVICE)
+#: The state of the capture when the call is made: valid, or already invalidated by an
+#: earlier call and not yet ended (cuStreamEndCapture is what ends an invalidated capture).
+ACTIVE = "active"
+LEFT_OPEN = "left_open"
+STATES = (ACTIVE, LEFT_OPEN)
 
 #: Every call the table knows, with the driver symbol it exercises.
 CALLS: dict[str, str] = {
@@ -87,6 +100,7 @@ class Rule:
     streams: frozenset[StreamKind]
     callers: frozenset[str]
     devices: frozenset[str]
+    states: frozenset[str]
     result: str
     why: str
     measured: bool  # False: a prediction no hardware run has checked yet
@@ -101,6 +115,7 @@ def _rule(
     streams: Iterable[StreamKind] = CAPTURE_STREAMS,
     callers: Iterable[str] = CALLERS,
     devices: Iterable[str] = (SAME_DEVICE,),
+    states: Iterable[str] = (ACTIVE,),
     measured: bool = True,
 ) -> Rule:
     return Rule(
@@ -110,6 +125,7 @@ def _rule(
         frozenset(streams),
         frozenset(callers),
         frozenset(devices),
+        frozenset(states),
         result,
         why,
         measured,
@@ -201,6 +217,7 @@ RULES: tuple[Rule, ...] = (
         "GLOBAL's prohibition of unsafe calls is process-wide, not per context",
         modes=(CaptureMode.GLOBAL,),
         devices=(OTHER_DEVICE,),
+        states=STATES,
         measured=False,
     ),
     _rule(
@@ -211,12 +228,84 @@ RULES: tuple[Rule, ...] = (
         modes=(CaptureMode.THREAD_LOCAL,),
         callers=(SAME_THREAD,),
         devices=(OTHER_DEVICE,),
+        states=STATES,
+        measured=False,
+    ),
+    # A capture another thread's cuCtxSynchronize invalidated and nobody ended (LEFT_OPEN).
+    # Measured on the H200, 2026-12-01 (open_invalidated_probe.py): other threads' calls, a
+    # non-blocking capture stream. The first matching rule wins, so these come first.
+    _rule(
+        "left-open-ctx-sync",
+        ("ctx_sync",),
+        UNSUPPORTED,
+        "cuCtxSynchronize still refuses while an invalidated capture is not ended",
+        streams=(StreamKind.NONBLOCKING,),
+        callers=(OTHER_THREAD,),
+        states=(LEFT_OPEN,),
+    ),
+    _rule(
+        "left-open-global-alloc",
+        ("mem_alloc",),
+        UNSUPPORTED,
+        "an unended GLOBAL capture, even invalidated, still forbids allocation process-wide",
+        modes=(CaptureMode.GLOBAL,),
+        streams=(StreamKind.NONBLOCKING,),
+        callers=(OTHER_THREAD,),
+        states=(LEFT_OPEN,),
+    ),
+    # Predicted: a left-open capture refuses whatever an active one refuses, with the same
+    # result, until `hazard_matrix --left-open` measures every cell.
+    _rule(
+        "left-open-always",
+        ("ctx_sync",),
+        UNSUPPORTED,
+        "the context keeps a capturing stream until the capture is ended",
+        states=(LEFT_OPEN,),
+        measured=False,
+    ),
+    _rule(
+        "left-open-capturing-stream",
+        ("stream_query_capturing",),
+        INVALIDATED,
+        "the capturing stream itself reports its broken capture",
+        states=(LEFT_OPEN,),
+        measured=False,
+    ),
+    _rule(
+        "left-open-global-any-thread",
+        (*ALLOCATOR_CALLS, "graph_exec_destroy"),
+        UNSUPPORTED,
+        "GLOBAL's prohibition lasts until the capture is ended, not until it is invalidated",
+        modes=(CaptureMode.GLOBAL,),
+        states=(LEFT_OPEN,),
+        measured=False,
+    ),
+    _rule(
+        "left-open-thread-local-same-thread",
+        (*ALLOCATOR_CALLS, "graph_exec_destroy"),
+        UNSUPPORTED,
+        "THREAD_LOCAL's prohibition on the capturing thread lasts until the capture is ended",
+        modes=(CaptureMode.THREAD_LOCAL,),
+        callers=(SAME_THREAD,),
+        states=(LEFT_OPEN,),
+        measured=False,
+    ),
+    _rule(
+        "left-open-legacy-implicit",
+        LEGACY_STREAM_CALLS,
+        IMPLICIT,
+        "legacy-stream work still joins a blocking stream that is capturing",
+        streams=(StreamKind.BLOCKING,),
+        states=(LEFT_OPEN,),
         measured=False,
     ),
 )
 
 # Every rule names known calls; a typo here would silently make a call "safe".
-assert all(rule.calls <= CALLS.keys() and rule.devices <= set(DEVICES) for rule in RULES)
+assert all(
+    rule.calls <= CALLS.keys() and rule.devices <= set(DEVICES) and rule.states <= set(STATES)
+    for rule in RULES
+)
 
 
 @dataclass(frozen=True)
@@ -236,6 +325,7 @@ def rule_for(
     stream: StreamKind | str,
     caller: str,
     device: str = SAME_DEVICE,
+    state: str = ACTIVE,
 ) -> Rule | None:
     """The rule that makes `call` fail in this cell, or None when the call is safe there.
 
@@ -244,6 +334,7 @@ def rule_for(
     if call not in CALLS:
         raise KeyError(f"unknown call {call!r}; known: {', '.join(CALLS)}")
     _check_device(device)
+    _check_state(state)
     mode, stream = CaptureMode.parse(mode), StreamKind(stream)
     for rule in RULES:
         if (
@@ -252,6 +343,7 @@ def rule_for(
             and stream in rule.streams
             and caller in rule.callers
             and device in rule.devices
+            and state in rule.states
         ):
             return rule
     return None
@@ -262,37 +354,50 @@ def _check_device(device: str) -> None:
         raise KeyError(f"unknown device relation {device!r}; known: {', '.join(DEVICES)}")
 
 
+def _check_state(state: str) -> None:
+    if state not in STATES:
+        raise KeyError(f"unknown capture state {state!r}; known: {', '.join(STATES)}")
+
+
 def expected(
     call: str,
     mode: CaptureMode | str,
     stream: StreamKind | str,
     caller: str,
     device: str = SAME_DEVICE,
+    state: str = ACTIVE,
 ) -> Outcome:
-    """What the table predicts for one cell of the hazard matrix."""
-    rule = rule_for(call, mode, stream, caller, device)
+    """What the table predicts for one cell of the hazard matrix.
+
+    A LEFT_OPEN capture was invalidated before the call, so it always ends INVALIDATED.
+    """
+    rule = rule_for(call, mode, stream, caller, device, state)
+    end = INVALIDATED if state == LEFT_OPEN else SUCCESS
     if rule is None:
-        return Outcome(SUCCESS, SUCCESS)
+        return Outcome(SUCCESS, end)
     return Outcome(rule.result, INVALIDATED)
 
 
-Cell = tuple[str, CaptureMode, StreamKind, str, str]
+Cell = tuple[str, CaptureMode, StreamKind, str, str, str]
 
 
-def cells(device: str = SAME_DEVICE) -> Iterator[Cell]:
-    """Every (call, mode, capture stream, caller, device) cell of one device relation."""
+def cells(device: str = SAME_DEVICE, state: str = ACTIVE) -> Iterator[Cell]:
+    """Every (call, mode, capture stream, caller, device, state) cell of one device
+    relation and capture state."""
     _check_device(device)
+    _check_state(state)
     for call in CALLS:
         for mode in MODES:
             for stream in CAPTURE_STREAMS:
                 for caller in CALLERS:
-                    yield call, mode, stream, caller, device
+                    yield call, mode, stream, caller, device, state
 
 
-def measured(device: str) -> bool:
-    """Whether hardware measured every rule about calls in this device relation."""
+def measured(device: str, state: str = ACTIVE) -> bool:
+    """Whether hardware measured every rule about calls in this device relation and state."""
     _check_device(device)
-    return all(rule.measured for rule in RULES if device in rule.devices)
+    _check_state(state)
+    return all(rule.measured for rule in RULES if device in rule.devices and state in rule.states)
 
 
 def ever_breaks(call: str) -> bool:

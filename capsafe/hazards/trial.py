@@ -4,7 +4,9 @@
 (on the capturing thread or another one) and ends the capture, recording what
 the call and cuStreamEndCapture returned. For a cross-device cell
 (`hazards.OTHER_DEVICE`) the capture is on device 0 and the call is made with
-device 1's primary context current, on resources of device 1. The simulated
+device 1's primary context current, on resources of device 1. For a left-open cell
+(`hazards.LEFT_OPEN`) another thread's cuCtxSynchronize first invalidates the
+capture, which is then left open while the call is made. The simulated
 device is tested with this code and the real driver measured with it, so both
 see the very same calls. Only the hazard-matrix reproducer and the tests import
 this module; the driver facade does not.
@@ -21,7 +23,15 @@ from typing import Any
 from capsafe import hazards
 from capsafe.backend import Backend
 from capsafe.errors import CudaError, UsageError
-from capsafe.handles import CaptureMode, CaptureStatus, Context, Device, DevicePtr, StreamKind
+from capsafe.handles import (
+    CaptureMode,
+    CaptureStatus,
+    Context,
+    Device,
+    DevicePtr,
+    Stream,
+    StreamKind,
+)
 from capsafe.hazards.actions import BUFFER_BYTES, BY_ROW, ActionKit, HazardAction, Leftover
 
 #: (capturing device, calling device) ordinals of each device relation.
@@ -48,6 +58,7 @@ class TrialResult:
     stream: str
     caller: str
     device: str
+    state: str
     call_result: str
     capturing_after: str
     end_capture: str
@@ -110,10 +121,15 @@ def run_trial(
     stream_kind: StreamKind | str,
     caller: str,
     device: str = hazards.SAME_DEVICE,
+    state: str = hazards.ACTIVE,
     *,
     timeout: float = 30.0,
 ) -> TrialResult:
     """Measure one cell: capture on a `stream_kind` stream, make `call`, end the capture.
+
+    In the LEFT_OPEN `state` another thread's cuCtxSynchronize invalidates the capture
+    first (as the H200 probe of 2026-12-01 did); a breaker that does not leave it
+    INVALIDATED is a RuntimeError, since the cell could not be set up.
 
     `backend` must be initialized; the calling thread becomes the capturing
     thread. For OTHER_THREAD the call runs on a fresh thread that binds the
@@ -129,6 +145,8 @@ def run_trial(
         raise UsageError(f"unknown caller {caller!r}; use one of: {', '.join(hazards.CALLERS)}")
     if device not in hazards.DEVICES:
         raise UsageError(f"unknown device {device!r}; use one of: {', '.join(hazards.DEVICES)}")
+    if state not in hazards.STATES:
+        raise UsageError(f"unknown state {state!r}; use one of: {', '.join(hazards.STATES)}")
     b = backend
     if problem := needs_devices_message(device, b.device_get_count()):
         raise UsageError(f"this {device} trial {problem}")
@@ -148,9 +166,19 @@ def run_trial(
         kit = ActionKit(b, capturing=stream, device=call_device)
         stack.callback(_best_effort, b, call_context, kit.close)
         sides = _Sides(capture_context, call_context, kit.ptr if same else capture_ptr)
-        call_result, status, end_capture = _measure(b, kit, sides, action, mode, caller, timeout)
+        call_result, status, end_capture = _measure(
+            b, kit, sides, action, mode, caller, state, timeout
+        )
     return TrialResult(
-        call, mode.value, stream_kind.value, caller, device, call_result, status.value, end_capture
+        call,
+        mode.value,
+        stream_kind.value,
+        caller,
+        device,
+        state,
+        call_result,
+        status.value,
+        end_capture,
     )
 
 
@@ -161,9 +189,11 @@ def _measure(
     action: HazardAction,
     mode: CaptureMode,
     caller: str,
+    state: str,
     timeout: float,
 ) -> tuple[str, CaptureStatus, str]:
-    """Prepare on the call's side, capture on the capture's side, call, end the capture.
+    """Prepare on the call's side, capture on the capture's side, (for LEFT_OPEN, break
+    the capture from another thread), call, end the capture.
 
     Entered with the call's context current; leaves the capture's current.
     """
@@ -182,6 +212,8 @@ def _measure(
             b.ctx_synchronize()
         b.stream_begin_capture(stream, mode)
         b.memset_d8_async(sides.capture_ptr, 1, BUFFER_BYTES, stream)  # a non-empty graph
+        if state == hazards.LEFT_OPEN:
+            _leave_invalidated(b, sides.capture_context, stream, timeout)
         if caller == hazards.SAME_THREAD:
             sides.bind_call(b)
             try:
@@ -198,6 +230,17 @@ def _measure(
         if box[0] is not None:
             kit.leftovers.append(box[0])
     return call_result, status, end_capture
+
+
+def _leave_invalidated(b: Backend, context: Context, stream: Stream, timeout: float) -> None:
+    """Another thread's cuCtxSynchronize breaks the open capture, which stays open."""
+    breaker = _on_other_thread(b, context, b.ctx_synchronize, timeout)
+    status = b.stream_is_capturing(stream)
+    if status is not CaptureStatus.INVALIDATED:
+        raise RuntimeError(
+            f"a left-open cell needs an invalidated capture, but another thread's "
+            f"cuCtxSynchronize returned {breaker} and left it {status.value}"
+        )
 
 
 def _on_other_thread(b: Backend, context: Context, fn: Callable[[], Any], timeout: float) -> str:

@@ -3,7 +3,10 @@
 Work put on a capturing stream becomes a node of the graph instead of running.
 Before every call the backend asks `apply_hazards` whether the measured table
 (`capsafe.hazards`) says that call breaks an open capture; if so the call fails
-with the table's CUresult and each capture it broke becomes INVALIDATED. A call
+with the table's CUresult and each capture it broke becomes INVALIDATED; an
+INVALIDATED capture nobody ended is looked up in the table's LEFT_OPEN state, so it
+keeps refusing calls (another thread's allocation under GLOBAL, anyone's
+cuCtxSynchronize) until it is ended, as the H200 does. A call
 made in another device's context than the capture's is looked up as
 `OTHER_DEVICE`, so the sim applies the table's cross-device rows, no rules of its own.
 """
@@ -55,20 +58,22 @@ def apply_hazards(
 ) -> None:
     """Fail the call, and invalidate each capture it breaks, per the hazard table.
 
+    A capture already invalidated and not yet ended is looked up as LEFT_OPEN: it keeps
+    failing the calls its rules name until `end` (or its stream's destruction) drops it.
     `context` is the value of the context the call runs in (the current one, or the
     primary context a retain or release names).
     """
     me = threading.get_ident()
     fired: tuple[str, hazards.Rule] | None = None
     for capture in captures:
-        if capture.status is not CaptureStatus.ACTIVE:
-            continue
         call = hazard_call(method, stream, capture.stream)
         if call is None:
             continue
         caller = hazards.SAME_THREAD if capture.owner == me else hazards.OTHER_THREAD
         device = hazards.SAME_DEVICE if capture.context == context else hazards.OTHER_DEVICE
-        rule = hazards.rule_for(call, capture.mode, capture.stream.kind, caller, device)
+        left_open = capture.status is CaptureStatus.INVALIDATED
+        state = hazards.LEFT_OPEN if left_open else hazards.ACTIVE
+        rule = hazards.rule_for(call, capture.mode, capture.stream.kind, caller, device, state)
         if rule is not None:
             capture.status = CaptureStatus.INVALIDATED
             fired = fired or (call, rule)

@@ -40,11 +40,14 @@ ROUNDS = 3  # group-testing rounds a test no kind broke gets (see the module doc
 
 
 def kind_groups(kinds: Sequence[str]) -> list[Subset]:
-    """`kinds` grouped by the hazard-table rules their rows fall under, in table order."""
+    """`kinds` grouped by the hazard-table rules their rows fall under, in table order
+    (the rules about active captures: which calls break one)."""
     groups: dict[frozenset[str], list[str]] = {}
     for kind in kinds:
         row = BY_NAME[kind].row
-        rules = frozenset(r.name for r in hazards.RULES if row in r.calls)
+        rules = frozenset(
+            r.name for r in hazards.RULES if row in r.calls and hazards.ACTIVE in r.states
+        )
         groups.setdefault(rules, []).append(kind)
     return [tuple(members) for members in groups.values()]
 

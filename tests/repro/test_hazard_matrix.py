@@ -17,7 +17,8 @@ from capsafe.hazards import Cell
 from capsafe_repro import hazard_matrix
 
 DATA = Path(__file__).resolve().parents[2] / "docs" / "data"
-MEASURED = sorted(DATA.rglob("*.jsonl"))  # every H200 run, the dated folders' too
+# Every H200 run of the matrix, the dated folders' too (other probes' rows have other schemas).
+MEASURED = sorted(DATA.rglob("hazard*.jsonl"))
 
 
 def _measured_rows(path: Path) -> list[dict[str, str]]:
@@ -33,6 +34,8 @@ def _measured_rows(path: Path) -> list[dict[str, str]]:
                 "mode": raw["mode"].lower(),
                 "stream": raw["stream"],
                 "caller": raw.get("caller", raw.get("where")),
+                "device": raw.get("device", hazards.SAME_DEVICE),
+                "state": raw.get("state", hazards.ACTIVE),
                 "call_result": raw.get("call_result", raw.get("op_result")),
                 "end_capture": raw["end_capture"],
             }
@@ -50,8 +53,10 @@ def test_sim_matrix_agrees_with_the_table(
         len(rows) == len(list(hazards.cells())) == 336
     )  # 28 calls x 3 modes x 2 streams x 2 callers
     assert all(set(hazard_matrix.KEYS) <= row.keys() for row in rows)
-    cells = {(r["call"], r["mode"], r["stream"], r["caller"], r["device"]) for r in rows}
-    assert cells == {(c, m.value, s.value, w, d) for c, m, s, w, d in hazards.cells()}
+    cells = {
+        (r["call"], r["mode"], r["stream"], r["caller"], r["device"], r["state"]) for r in rows
+    }
+    assert cells == {(c, m.value, s.value, w, d, st) for c, m, s, w, d, st in hazards.cells()}
     printed = capsys.readouterr().out
     assert "0 disagreement(s)" in printed.splitlines()[-1]
     for call in hazards.CALLS:
@@ -200,7 +205,14 @@ def test_one_cross_device_trial_in_its_own_process() -> None:
 
 def test_a_row_is_compared_with_the_rules_of_its_device() -> None:
     row = hazard_matrix._row(
-        ("memcpy_htod", CaptureMode.GLOBAL, StreamKind.BLOCKING, "other_thread", "same_device"),
+        (
+            "memcpy_htod",
+            CaptureMode.GLOBAL,
+            StreamKind.BLOCKING,
+            "other_thread",
+            hazards.SAME_DEVICE,
+            hazards.ACTIVE,
+        ),
         hazards.SUCCESS,
         hazards.SUCCESS,
     )
@@ -210,6 +222,56 @@ def test_a_row_is_compared_with_the_rules_of_its_device() -> None:
     assert hazard_matrix.disagreements([cross]) == []
     del row["device"]  # rows measured before the device axis are same-device rows
     assert len(hazard_matrix.disagreements([row])) == 1
+    del row["state"]  # and rows measured before the state axis are of active captures
+    assert len(hazard_matrix.disagreements([row])) == 1
+
+
+def test_a_row_is_compared_with_the_rules_of_its_state() -> None:
+    """Another thread's cuMemAlloc beside a GLOBAL capture left open: refused (the H200 probe
+    of 2026-12-01), and the capture ends INVALIDATED whatever the call returned."""
+    cell = (
+        "mem_alloc",
+        CaptureMode.GLOBAL,
+        StreamKind.NONBLOCKING,
+        hazards.OTHER_THREAD,
+        hazards.SAME_DEVICE,
+        hazards.LEFT_OPEN,
+    )
+    refused = hazard_matrix._row(cell, hazards.UNSUPPORTED, hazards.INVALIDATED)
+    assert hazard_matrix.disagreements([refused]) == []
+    allowed = hazard_matrix._row(cell, hazards.SUCCESS, hazards.INVALIDATED)
+    (found,) = hazard_matrix.disagreements([allowed])
+    assert "mem_alloc global nonblocking other_thread left_open: measured ok (" in found.describe()
+    assert hazard_matrix._code(hazards.SUCCESS, hazards.INVALIDATED, hazards.LEFT_OPEN) == "ok"
+    assert hazard_matrix._code(hazards.SUCCESS, hazards.SUCCESS, hazards.LEFT_OPEN) == "ok/ok"
+
+
+def test_left_open_matrix_on_the_sim_agrees(tmp_path: Path) -> None:
+    out = tmp_path / "left_open.jsonl"
+    done = _matrix("--backend", "sim", "--left-open", "--compare", "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 336 and {r["state"] for r in rows} == {hazards.LEFT_OPEN}
+    assert {r["end_capture"] for r in rows} == {hazards.INVALIDATED}
+    assert not hazard_matrix.disagreements(rows)
+    refused = {(r["call"], r["mode"], r["caller"]) for r in rows if r["stream"] == "nonblocking"
+               and r["call_result"] != hazards.SUCCESS}  # fmt: skip
+    assert ("mem_alloc", "global", hazards.OTHER_THREAD) in refused
+    assert ("mem_alloc", "relaxed", hazards.OTHER_THREAD) not in refused
+    assert {("ctx_sync", m.value, hazards.OTHER_THREAD) for m in CaptureMode} <= refused
+    printed = done.stdout.strip().splitlines()
+    assert "an invalidated capture left open" in printed[-1]
+    assert "0 disagreement(s)" in printed[-1] and "predictions until measured" in printed[-1]
+    assert hazard_matrix.LEFT_OPEN_LEGEND in printed
+
+
+def test_one_left_open_trial_in_its_own_process() -> None:
+    argv = ["--backend", "sim", "--trial", "mem_alloc", "global", "nonblocking", "other_thread"]
+    done = _matrix(*argv, "--left-open")
+    assert done.returncode == 0, done.stderr
+    row = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (row["state"], row["call_result"]) == (hazards.LEFT_OPEN, hazards.UNSUPPORTED)
+    assert row["end_capture"] == hazards.INVALIDATED
 
 
 def test_docs_carry_the_current_rule_table() -> None:
@@ -221,17 +283,24 @@ def test_docs_carry_the_current_rule_table() -> None:
 
 def test_a_trial_killed_by_a_signal_is_rerun_once(monkeypatch: pytest.MonkeyPatch) -> None:
     answers = iter([-11, 0])
+    cell = (
+        "noop",
+        CaptureMode.GLOBAL,
+        StreamKind.BLOCKING,
+        "same_thread",
+        hazards.SAME_DEVICE,
+        hazards.ACTIVE,
+    )
 
     def fake_run(command: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
         code = next(answers)
-        cell = ("noop", CaptureMode.GLOBAL, StreamKind.BLOCKING, "same_thread", hazards.SAME_DEVICE)
         row = hazard_matrix._row(cell, "CUDA_SUCCESS", "CUDA_SUCCESS")
         out = json.dumps(row) if code == 0 else ""
         return subprocess.CompletedProcess(command, code, stdout=out, stderr="")
 
     monkeypatch.setattr(subprocess, "run", fake_run)  # the module hazard_matrix calls
     run = hazard_matrix._in_fresh_process("sim")
-    row = run(("noop", CaptureMode.GLOBAL, StreamKind.BLOCKING, "same_thread", hazards.SAME_DEVICE))
+    row = run(cell)
     # An int, though hazard_matrix.Row says every value is a str.
     assert int(row["reruns"]) == 1 and row["call_result"] == hazards.SUCCESS
     assert "1 trial(s) rerun" in hazard_matrix.summary_line([row], "sim", 0.0)

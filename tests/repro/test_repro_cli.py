@@ -32,7 +32,7 @@ def test_a_trial_that_prints_no_result_is_an_error_row(
 
     monkeypatch.setattr(subprocess, "run", fake_run)  # the module hazard_matrix calls
     cell = ("ctx_sync", CaptureMode.GLOBAL, StreamKind.NONBLOCKING, hazards.SAME_THREAD,
-            hazards.SAME_DEVICE)  # fmt: skip
+            hazards.SAME_DEVICE, hazards.ACTIVE)  # fmt: skip
     row = hazard_matrix._in_fresh_process("sim")(cell)
     assert row["end_capture"] == "ERROR"
     assert row["call_result"].startswith("ERROR(trial printed no result")

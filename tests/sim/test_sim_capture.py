@@ -23,23 +23,43 @@ from capsafe.hazards.trial import run_trial
 from capsafe.sim import SimBackend
 
 CELLS = list(hazards.cells())
+LEFT_OPEN_CELLS = list(hazards.cells(state=hazards.LEFT_OPEN))
 
 
 @pytest.mark.parametrize(
-    ("call", "mode", "stream", "caller", "device"),
+    ("call", "mode", "stream", "caller", "device", "state"),
     CELLS,
     ids=["-".join(map(str, c[:4])) for c in CELLS],
 )
 def test_every_cell_matches_the_table(
-    call: str, mode: CaptureMode, stream: StreamKind, caller: str, device: str
+    call: str, mode: CaptureMode, stream: StreamKind, caller: str, device: str, state: str
 ) -> None:
     backend = SimBackend()
     backend.init()
     result = run_trial(backend, call, mode, stream, caller, timeout=10)
     assert result.outcome == hazards.expected(call, mode, stream, caller, device)
     assert result.device == device == hazards.SAME_DEVICE
+    assert result.state == state == hazards.ACTIVE
     broken = result.outcome.breaks_capture
     assert result.capturing_after == ("invalidated" if broken else "active")
+
+
+@pytest.mark.parametrize(
+    ("call", "mode", "stream", "caller", "device", "state"),
+    LEFT_OPEN_CELLS,
+    ids=["-".join(map(str, c[:4])) for c in LEFT_OPEN_CELLS],
+)
+def test_every_left_open_cell_matches_the_table(
+    call: str, mode: CaptureMode, stream: StreamKind, caller: str, device: str, state: str
+) -> None:
+    """With an invalidated capture left open the call gets the table's LEFT_OPEN answer."""
+    backend = SimBackend()
+    backend.init()
+    result = run_trial(backend, call, mode, stream, caller, device, state, timeout=10)
+    want = hazards.expected(call, mode, stream, caller, device, state)
+    assert result.outcome == want
+    assert want.end_capture == hazards.INVALIDATED
+    assert result.capturing_after == "invalidated"
 
 
 def test_the_matrix_covers_the_issue_minimum() -> None:

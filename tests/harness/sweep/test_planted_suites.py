@@ -18,6 +18,9 @@ import pytest
 
 SUITES = Path(__file__).resolve().parents[3] / "repro" / "suites"
 KEYS = sorted(SUITES.glob("*/answer_key.json"))
+#: The keys compared with a sweep: a key whose "unchecked" field says the sweep does not
+#: give its verdicts yet (the intended ones, for the harness to reach) is in place, not run.
+CHECKED = [k for k in KEYS if "unchecked" not in json.loads(k.read_text())]
 FAST = ["--", "-p", "no:run-parallel", "-p", "no:hypothesispytest"]  # lighter test processes
 
 
@@ -30,7 +33,7 @@ def sweep_args(options: dict[str, object]) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)  # cleaners: 12 victims verified K times each, ~30 s alone
-@pytest.mark.parametrize("key_path", KEYS, ids=[k.parent.name for k in KEYS])
+@pytest.mark.parametrize("key_path", CHECKED, ids=[k.parent.name for k in CHECKED])
 def test_sweep_matches_the_answer_key(key_path: Path, tmp_path: Path) -> None:
     key = json.loads(key_path.read_text())
     out = tmp_path / "report"
