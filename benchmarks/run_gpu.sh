@@ -67,6 +67,7 @@ step cupy_sweep $PY benchmarks/cupy_sweep.py --suite .gpu/cupy-v14.2.0 --out "$O
 # neighbours the outcomes must be identical with and without capsafe; `protect` steps: every
 # test the unprotected sweep classifies capture-unsafe must pass in the protected one.
 step bench_integrations $PY benchmarks/integrations.py
+step bench_torch_protect $PY benchmarks/torch_protect.py
 step cupy_same bash -c 'cd .gpu/cupy-v14.2.0 && o() { $0 -m pytest tests/cupy_tests/cuda_tests/test_graph.py tests/cupy_tests/cuda_tests/test_stream.py -q -rA -p no:cacheprovider "$@" | grep -E "^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) " | cut -d" " -f1-2 | sort; }; a=$(o -p no:capsafe); b=$(o --capsafe-protect=cupy); diff <(echo "$a") <(echo "$b") && echo "identical outcomes without capsafe and with --capsafe-protect=cupy: $(echo "$a" | wc -l) tests"' "$PY"
 step sweep_cupy_graph bash -c 'capsafe sweep .gpu/cupy-v14.2.0/tests/cupy_tests/cuda_tests/test_graph.py --runs 2 --workers 2 --seed 3 --isolation-runs 2 --neighbors 2 --timeout 60 --no-progress --protect cupy --out "$0/sweep_cupy_graph"; r=$?; "$1" -m capsafe_harness.report.protection "$0/sweep_cupy_graph"; [ $r -le 1 ]' "$OUT" "$PY"
 step sweep_cupy_graph_protected bash -c 'capsafe sweep .gpu/cupy-v14.2.0/tests/cupy_tests/cuda_tests/test_graph.py --runs 2 --workers 2 --seed 3 --isolation-runs 2 --neighbors 2 --timeout 60 --no-progress --out "$0/sweep_cupy_graph_protected" -- --capsafe-protect=cupy; [ $? -le 1 ]' "$OUT"

@@ -1,8 +1,8 @@
-"""Framework integrations: CuPy and cuda.core allocate and capture through the capture gate.
+"""Framework integrations: CuPy, cuda.core and PyTorch capture through the capture gate.
 
 Each integration is a module imported on demand (`capsafe.integrations.cupy`,
-`capsafe.integrations.cuda_core`); importing this package or either module
-imports neither framework: that happens in `install()` or `capture()`.
+`capsafe.integrations.cuda_core`, `capsafe.integrations.torch`); importing this
+package or any of them imports no framework: that happens in `install()` or `capture()`.
 See docs/integrations.md for what each one hooks and what cannot be hooked.
 """
 
@@ -14,7 +14,7 @@ from types import ModuleType
 from capsafe.errors import UsageError
 
 #: The integrations, by the name `--capsafe-protect` takes.
-NAMES = ("cupy", "cuda_core")
+NAMES = ("cupy", "cuda_core", "torch")
 
 
 def module(name: str) -> ModuleType:

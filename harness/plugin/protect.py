@@ -1,4 +1,4 @@
-"""`--capsafe-protect=cupy,cuda_core`: capsafe's framework integrations in every test process.
+"""`--capsafe-protect=cupy,cuda_core,torch`: capsafe's framework integrations in every test process.
 
 Each named integration (`capsafe.integrations.<name>`) is installed once per
 test process (each xdist worker; not the controller, which runs no tests), at
@@ -27,8 +27,8 @@ def add_option(group: pytest.OptionGroup) -> None:
     group.addoption(
         OPTION,
         metavar="NAME[,NAME...]",
-        help="install capsafe's integrations (cupy, cuda_core) in every test process, so the "
-        "frameworks' allocations and captures go through the capture gate",
+        help="install capsafe's integrations (cupy, cuda_core, torch) in every test process, so "
+        "the frameworks' allocations and captures go through the capture gate",
     )
 
 
@@ -100,4 +100,4 @@ class Protection:
 
 #: Each integration's framework, as the suite's interpreter finds it (`capsafe sweep --protect
 #: auto` installs the integrations whose framework is there).
-FRAMEWORKS = {"cupy": "cupy", "cuda_core": "cuda.core"}
+FRAMEWORKS = {"cupy": "cupy", "cuda_core": "cuda.core", "torch": "torch"}

@@ -33,7 +33,8 @@ def collect(suite: Path) -> list[str]:
 
 def test_every_defect_has_a_suite() -> None:
     assert set(NAMES) == {
-        "brittle", "capture", "capture_polluter", "cleaners", "crash", "cuda_core_capture", "flaky",
+        "brittle", "capture", "capture_leak", "capture_polluter", "cleaners", "crash",
+        "cuda_core_capture", "flaky",
         "frozen_config", "hang", "leftover_file", "ordinary", "polluter",
     }  # fmt: skip
 

@@ -70,7 +70,7 @@ def test_unknown_name_is_a_one_line_usage_error(run: Callable[..., pytest.RunRes
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert usage_error(result) == (
         "ERROR: --capsafe-protect: unknown integration 'tensorflow'; "
-        "give a comma-separated list of: cupy, cuda_core"
+        "give a comma-separated list of: cupy, cuda_core, torch"
     )
 
 
@@ -97,6 +97,48 @@ def test_protection_lets_a_cupy_capture_survive_the_neighbours(
     protected = run("--capsafe-neighbors", "2", "--capsafe-protect=cupy")
     protected.assert_outcomes(passed=1)
     assert "capsafe: protect=cupy" in protected.stdout.str()
+
+
+# Loads the fake torch of tests/core/fake_torch.py as `torch`, over the process-wide sim driver.
+FAKE_TORCH = FAKES.with_name("fake_torch.py")
+TORCH_CONFTEST = f"""
+import importlib.util, os, sys
+os.environ["CAPSAFE_BACKEND"] = "sim"
+from capsafe import driver
+spec = importlib.util.spec_from_file_location("fake_torch", {str(FAKE_TORCH)!r})
+fakes = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(fakes)
+sys.modules["torch"] = fakes.fake_torch(driver.raw())
+"""
+
+TORCH_CAPTURE_TEST = """
+import time
+import pytest
+import capsafe, torch
+
+@pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
+def test_torch_graph_beside_neighbours(mode):
+    capsafe.device(0)
+    ptr = torch.cuda.caching_alloc(4096)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, capture_error_mode=mode):
+        torch.cuda.fill(ptr, 1, 4096)
+        time.sleep(0.1)
+    g.replay()
+"""
+
+
+def test_protection_lets_torch_captures_survive_the_neighbours_in_every_mode(
+    pytester: pytest.Pytester, run: Callable[..., pytest.RunResult]
+) -> None:
+    pytester.makeconftest(TORCH_CONFTEST)
+    pytester.makepyfile(TORCH_CAPTURE_TEST)
+    bare = run("--capsafe-neighbors", "2")
+    bare.assert_outcomes(failed=3)
+    assert "CaptureInvalidated" in bare.stdout.str()
+    protected = run("--capsafe-neighbors", "2", "--capsafe-protect=torch")
+    protected.assert_outcomes(passed=3)
+    assert "capsafe: protect=torch" in protected.stdout.str()
 
 
 def test_a_capture_left_open_by_a_test_is_released_after_it(
@@ -130,8 +172,8 @@ def test_a_capture_left_open_by_a_test_is_released_after_it(
 def test_importing_the_integrations_imports_no_framework() -> None:
     code = (
         "import sys, capsafe.integrations.cupy, capsafe.integrations.cuda_core, "
-        "capsafe_harness.plugin.protect, capsafe_harness.plugin\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'cupy' "
+        "capsafe.integrations.torch, capsafe_harness.plugin.protect, capsafe_harness.plugin\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('cupy', 'torch') "
         "or m.startswith('cuda.core')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

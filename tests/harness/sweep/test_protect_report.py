@@ -137,11 +137,11 @@ def test_protect_none_does_no_protected_reruns(tmp_path: Path) -> None:
 def test_an_unknown_protect_value_is_a_one_line_usage_error(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "capsafe.cli", "sweep", str(tmp_path), "--out",
-         str(tmp_path / "out"), "--protect", "cupy,torch"],
+         str(tmp_path / "out"), "--protect", "cupy,tensorflow"],
         capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "capsafe sweep: --protect: unknown integration 'torch'; give auto, none or a "
-        "comma-separated list of: cupy, cuda_core"
+        "capsafe sweep: --protect: unknown integration 'tensorflow'; give auto, none or a "
+        "comma-separated list of: cupy, cuda_core, torch"
     ]

@@ -1,0 +1,234 @@
+"""PyTorch's CUDA graphs through the capture gate, with no change to the code that uses torch.
+
+`install()` (idempotent; `uninstall()` or the `installed()` context manager undo it)
+replaces, on torch's Python layer:
+
+- captures: `torch.cuda.CUDAGraph.capture_begin` takes the gate's exclusive side for
+  the capture, in its `capture_error_mode`; the call that ends it (`capture_end`, or
+  `capture_end_pre` where torch splits the end) releases it, also when it raises.
+  `torch.cuda.graph` and `make_graphed_callables` go through these, so each of their
+  captures is a window;
+- synchronizing calls, in the gate's shared side, so they wait while another thread
+  captures: `torch.cuda.synchronize` (cuCtxSynchronize), `torch.cuda.empty_cache`
+  (the caching allocator's cudaFree of its cached blocks), `torch._C._host_emptyCache`
+  where torch has it (cudaFreeHost), `torch.cuda.Stream.synchronize` and
+  `torch.cuda.Event.synchronize`. `torch.cuda.graph` itself synchronizes and empties
+  the cache before it begins, which breaks another thread's capture; installed, it waits.
+
+What it cannot reach: what torch does from C++, above all the caching allocator's own
+cudaMalloc when a pool grows and cudaFree when it gives memory back under pressure,
+and library workspaces (cuBLAS, cuDNN). A name bound before `install()` (`from
+torch.cuda import synchronize`) keeps the original. docs/integrations.md says more.
+torch is imported by `install()` only, never by importing this module.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from capsafe import driver as _driver
+from capsafe.backend import Backend
+from capsafe.errors import UsageError, raised_here
+from capsafe.handles import CaptureMode, StreamKind
+
+from ._capture_windows import Windows, exclusive, gate_of
+from ._patch import Patches, defining_class
+
+#: Torch's Python-level synchronizing calls, by (module path under torch, name), with the
+#: hazard-table call each makes. None: named by nothing, so even the measured policy keeps
+#: it out of every window (a stream's synchronize may be the capturing stream's own).
+FUNCTIONS: tuple[tuple[str, str, str | None], ...] = (
+    ("cuda", "synchronize", "ctx_sync"),
+    ("cuda", "empty_cache", "mem_free"),
+    ("cuda.memory", "empty_cache", "mem_free"),
+    ("_C", "_host_emptyCache", "host_free"),
+)
+METHODS: tuple[tuple[str, str, str | None], ...] = (
+    ("Stream", "synchronize", None),
+    ("Event", "synchronize", "event_sync_other"),
+)
+
+#: The methods of `CUDAGraph` that end a capture (the second only in newer torch).
+END_METHODS = ("capture_end", "capture_end_pre")
+
+windows = Windows()  # captures begun through the hooks, by CUDAGraph
+_lock = threading.Lock()
+_installed: _Installation | None = None
+
+
+def _torch() -> Any:
+    return importlib.import_module("torch")
+
+
+def _mode(args: tuple[Any, ...], kwargs: dict[str, Any]) -> CaptureMode:
+    """The capsafe mode of `capture_begin(pool=None, capture_error_mode="global", ...)`."""
+    value = kwargs.get("capture_error_mode", args[1] if len(args) > 1 else "global")
+    try:
+        return CaptureMode.parse(value)
+    except UsageError:
+        return CaptureMode.GLOBAL  # torch will refuse it; the strictest rules meanwhile
+
+
+def _kind(torch: Any, stream: Any) -> StreamKind:
+    """Torch creates its own streams non-blocking; an external one may be either."""
+    external = getattr(torch.cuda, "ExternalStream", None)
+    if external is not None and isinstance(stream, external):
+        return StreamKind.BLOCKING
+    return StreamKind.NONBLOCKING
+
+
+def _module(torch: Any, path: str) -> Any:
+    found = torch
+    for part in path.split("."):
+        found = getattr(found, part, None)
+        if found is None:
+            return None
+    return found
+
+
+class _Installation:
+    """What `install()` changed, so `uninstall()` can put it back."""
+
+    def __init__(self, torch: Any, driver: Backend) -> None:
+        self.patches = Patches()
+        try:
+            self._hook(torch, driver)
+        except BaseException:
+            self.patches.restore()  # a torch without one of the hook points: nothing changes
+            raise
+        windows.hooked = True
+
+    def _hook(self, torch: Any, driver: Backend) -> None:
+        graph_cls = torch.cuda.CUDAGraph
+        begin_owner = defining_class(graph_cls, "capture_begin")
+        begin = begin_owner.__dict__["capture_begin"]
+        finish = defining_class(graph_cls, "capture_end").__dict__["capture_end"]
+        still_active: Callable[[], bool] = torch.cuda.is_current_stream_capturing
+
+        def begin_window(graph: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            mode = _mode(args, kwargs)
+            stream = torch.cuda.current_stream()
+            label = f"torch CUDAGraph {id(graph):#x} ({mode})"
+            abort = functools.partial(finish, graph)  # ends and finalizes a capture that began
+            try:
+                windows.begin(
+                    graph,
+                    lambda into: exclusive(driver, mode, lambda: _kind(torch, stream), label, into),
+                    functools.partial(begin, graph, *args, **kwargs),
+                    abort,
+                    still_active,
+                    hooked=True,
+                )
+            except BaseException as exc:
+                if raised_here(exc, Windows.begin):  # it landed after the window opened
+                    windows.undo_begin(graph, abort, still_active)
+                raise
+
+        def capture_begin(graph: Any, *args: Any, **kwargs: Any) -> None:
+            try:
+                begin_window(graph, args, kwargs)
+            except BaseException as exc:
+                if raised_here(exc, begin_window):  # it landed after the window opened
+                    windows.undo_begin(graph, functools.partial(finish, graph), still_active)
+                raise
+
+        capture_begin.__doc__ = begin.__doc__
+        self.patches.replace(begin_owner, "capture_begin", capture_begin)
+        # Both ends where torch has both: `capture_end` may call `capture_end_pre` (newer
+        # torch) or end in C++ itself (2.11); the window closes at whichever ends it first,
+        # and a guard released twice is released once.
+        for name in END_METHODS:
+            if hasattr(graph_cls, name):
+                owner = defining_class(graph_cls, name)
+                self.patches.replace(owner, name, _ender(owner.__dict__[name], still_active))
+        gate = gate_of(driver)
+        if gate is not None:  # an ungated facade has nothing to keep out of the windows
+            for path, name, call in FUNCTIONS:
+                module = _module(torch, path)
+                if module is not None and name in vars(module):
+                    self.patches.replace(module, name, gate.wrap(vars(module)[name], call))
+            for cls_name, name, call in METHODS:
+                owner = defining_class(getattr(torch.cuda, cls_name), name)
+                self.patches.replace(owner, name, _method(gate.wrap(owner.__dict__[name], call)))
+
+    def undo(self) -> None:
+        self.patches.restore()
+
+
+def _ender(end: Callable[[Any], Any], still_active: Callable[[], bool]) -> Callable[[Any], Any]:
+    """`end(graph)`, the method that ends a capture, closing its window (see `Windows.end`)."""
+
+    def end_capture(graph: Any) -> Any:
+        # Inline, not a helper: a signal at a helper's entry would end nothing.
+        try:
+            result = windows.end(graph, functools.partial(end, graph), still_active)
+        except BaseException as exc:
+            if not isinstance(exc, Exception):  # a signal, maybe at windows.end's entry
+                windows.finish(graph, functools.partial(end, graph), still_active)
+            raise
+        return result
+
+    end_capture.__doc__ = end.__doc__
+    return end_capture
+
+
+def _method(gated: Callable[..., Any]) -> Callable[..., Any]:
+    """A plain function (a descriptor, so it binds `self`) around a gated callable."""
+
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return gated(self, *args, **kwargs)
+
+    return method
+
+
+def install(driver: Backend | None = None) -> bool:
+    """Route torch's captures and synchronizing calls through the gate of `driver`
+    (default `driver.get()`). Returns False when already installed (nothing changes)."""
+    global _installed
+    with _lock:
+        if _installed is not None:
+            return False
+        torch = _torch()
+        _installed = _Installation(torch, driver if driver is not None else _driver.get())
+        return True
+
+
+def uninstall() -> bool:
+    """Undo `install()`; False when it was not installed. Refused while a capture is open."""
+    global _installed
+    with _lock:
+        if _installed is None:
+            return False
+        try:
+            windows.unhook()
+        except RuntimeError as busy:
+            raise UsageError(
+                f"capsafe.integrations.torch: {busy}; end the capture before uninstalling"
+            ) from None
+        try:
+            _installed.undo()
+        except BaseException:
+            windows.hooked = True  # still installed: hooked begins keep taking the gate
+            raise
+        _installed = None
+        return True
+
+
+def is_installed() -> bool:
+    return _installed is not None
+
+
+@contextmanager
+def installed(driver: Backend | None = None) -> Iterator[None]:
+    """`install()` for the block; undone at its end only if this block installed it."""
+    changed = install(driver)
+    try:
+        yield
+    finally:
+        if changed:
+            uninstall()
