@@ -253,8 +253,9 @@ RULES: tuple[Rule, ...] = (
         callers=(OTHER_THREAD,),
         states=(LEFT_OPEN,),
     ),
-    # Predicted: a left-open capture refuses whatever an active one refuses, with the same
-    # result, until `hazard_matrix --left-open` measures every cell.
+    # Predicted, until `hazard_matrix --left-open` measures every cell: a left-open capture
+    # refuses whatever an active one refuses, with the same result, except that a query of
+    # the capturing stream itself answers INVALIDATED (its capture is broken already).
     _rule(
         "left-open-always",
         ("ctx_sync",),

@@ -233,7 +233,7 @@ def test_the_protect_option_values() -> None:
     assert set(FRAMEWORKS) == set(NAMES)  # every integration has its framework to look for
     assert protect_choice(" auto") == "auto" and protect_choice("none") == "none"
     assert protect_choice("cupy, cuda_core,cupy") == "cupy,cuda_core"
-    for bad in ("tensorflow", "cupy,torch", ","):
+    for bad in ("tensorflow", "cupy,jax", ","):
         with pytest.raises(SweepError, match=r"^--protect: unknown integration"):
             protect_choice(bad)
 
