@@ -118,7 +118,7 @@ def test_auto_with_no_framework_importable_gives_no_verdict(tmp_path: Path) -> N
     capture = tests[HOOKED]["capture"]
     assert (capture["survived"], capture["protect"], protected) == (None, [], [])
     assert capture["protection"] == (
-        "with protection: no capsafe integration applies (none of cupy, cuda.core is "
+        "with protection: no capsafe integration applies (none of cupy, cuda.core, torch is "
         "importable in the suite's interpreter)"
     )
     assert "no capsafe integration applies" in (out / "report.md").read_text()
