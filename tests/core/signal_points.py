@@ -390,10 +390,60 @@ def _integration_cycles(name: str) -> tuple[Cycle, Cycle]:
     )
 
 
+def _torch_cycle(split: bool) -> Cycle:
+    """torch.cuda.synchronize and a CUDAGraph capture through the installed hooks (fake torch,
+    in torch 2.11's shape or with the newer split end)."""
+    from capsafe.integrations import torch as module
+
+    def setup(world: World) -> None:
+        from fake_torch import fake_torch
+
+        world.extra["saved"] = sys.modules.get("torch")
+        torch = sys.modules["torch"] = fake_torch(world.backend, split=split)
+        module.install(world.facade)
+        world.extra["torch"], world.extra["graph"] = torch, torch.cuda.CUDAGraph()
+        world.extra["stream"] = torch.cuda.Stream()
+
+    def teardown(world: World) -> None:
+        module.windows.release_all()
+        getattr(module.windows, "_beginning", {}).clear()
+        module.uninstall()
+        if world.extra["saved"] is None:
+            sys.modules.pop("torch", None)
+        else:
+            sys.modules["torch"] = world.extra["saved"]
+
+    def hooked(world: World) -> None:
+        torch, graph = world.extra["torch"], world.extra["graph"]
+        torch.cuda.synchronize()  # a shared section, as torch.cuda.graph makes before it begins
+        with torch.cuda.stream(world.extra["stream"]):
+            graph.capture_begin(capture_error_mode="global")
+            graph.capture_end()
+
+    def recover(world: World) -> None:
+        torch, graph = world.extra["torch"], world.extra["graph"]
+        with torch.cuda.stream(world.extra["stream"]):
+            if torch.cuda.is_current_stream_capturing():
+                graph.capture_end()
+
+    def watched(world: World) -> list[str]:
+        found = []
+        if len(module.windows):
+            found.append(f"{len(module.windows)} window(s) still recorded")
+        if module.windows.in_flight():
+            found.append("a begin still in flight")
+        return found
+
+    name = "torch hooks (split end)" if split else "torch hooks"
+    return Cycle(name, setup, hooked, recover, teardown, watched)
+
+
 CYCLES = (
     GATE_CAPTURE,
     FACADE_CAPTURE,
     GATED_CALL,
     *_integration_cycles("cupy"),
     *_integration_cycles("cuda_core"),
+    _torch_cycle(split=False),
+    _torch_cycle(split=True),
 )
