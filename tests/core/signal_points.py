@@ -400,7 +400,7 @@ def _torch_cycle(split: bool) -> Cycle:
 
         world.extra["saved"] = sys.modules.get("torch")
         torch = sys.modules["torch"] = fake_torch(world.backend, split=split)
-        module.install(world.facade)
+        module.install(cast(Backend, world.facade))
         world.extra["torch"], world.extra["graph"] = torch, torch.cuda.CUDAGraph()
         world.extra["stream"] = torch.cuda.Stream()
 
