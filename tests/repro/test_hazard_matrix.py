@@ -265,6 +265,18 @@ def test_left_open_matrix_on_the_sim_agrees(tmp_path: Path) -> None:
     assert hazard_matrix.LEFT_OPEN_LEGEND in printed
 
 
+def test_left_open_cross_device_matrix_on_two_simulated_devices_agrees(tmp_path: Path) -> None:
+    out = tmp_path / "left_open_cross.jsonl"
+    done = _matrix(
+        "--backend", "sim", "--left-open", "--cross-device", "--compare", "--json", str(out),
+        CAPSAFE_SIM_DEVICES="2",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {(r["device"], r["state"]) for r in rows} == {(hazards.OTHER_DEVICE, hazards.LEFT_OPEN)}
+    assert len(rows) == 336 and not hazard_matrix.disagreements(rows)
+
+
 def test_one_left_open_trial_in_its_own_process() -> None:
     argv = ["--backend", "sim", "--trial", "mem_alloc", "global", "nonblocking", "other_thread"]
     done = _matrix(*argv, "--left-open")
