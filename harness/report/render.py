@@ -24,6 +24,7 @@ from typing import Any
 
 from ..records import Record, Signal, to_json
 from ..verdicts.catalogue import BY_NAME, CLASSES, Verdict, colour, severity
+from ..verdicts.fold import RunOutcome
 from . import gpu_report, placement, tables
 
 
@@ -59,8 +60,11 @@ def write_reports(
     grid: Mapping[str, Sequence[str]],
     run_ids: Sequence[str],
     history: Sequence[Mapping[str, str]],
+    *,
+    ends: Iterable[RunOutcome] = (),
 ) -> None:
-    """Write every report file into `out` (`history`: this suite's rows of history.csv)."""
+    """Write every report file into `out` (`ends`: how each test process ended, which the
+    rows do not say; `history`: this suite's rows of history.csv)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rows = list(rows)
@@ -68,7 +72,7 @@ def write_reports(
         for row in rows:
             f.write(to_json(row) + "\n")
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    tests = tables.per_test_table(summary["tests"], tables.outcomes_by_test(rows))
+    tests = tables.per_test_table(summary["tests"], tables.outcomes_by_test(rows, ends))
     tables.write_tests_csv(out / "tests.csv", tests)
     (out / "report.md").write_text(render_markdown(summary, tests), encoding="utf-8")
     page = render_html(summary, grid, run_ids, history, tests)

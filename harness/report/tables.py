@@ -35,25 +35,25 @@ _RANK = {outcome: rank for rank, outcome in enumerate(OUTCOMES)}
 # ---------------------------------------------------------------- per test, from records
 
 
-def outcomes_by_test(rows: Iterable[Record]) -> pd.DataFrame:
+def outcomes_by_test(rows: Iterable[Record], ends: Iterable[fold.RunOutcome] = ()) -> pd.DataFrame:
     """Per test (index: node id) what its records say beyond the verdict.
 
     outcome: the worst outcome of any of its attempts (failed, xpassed, xfailed, skipped,
     passed); outcomes: {outcome: attempts}; message and details: the latest row with
     that outcome and a message (a failure, a skip or xfail reason); env_leaks: the
-    distinct [variable, before, after] it left changed.
+    distinct [variable, before, after] it left changed. `ends`: how the processes ended
+    (a test its process died in failed, whatever its rows say).
     """
     rows = list(rows)
     frame = pd.DataFrame.from_records(
         [{k: r.get(k) for k in _RECORD_COLUMNS} for r in rows], columns=list(_RECORD_COLUMNS)
     )
     columns = ["outcome", "outcomes", "message", "details", "env_leaks"]
-    if frame.empty:
+    folded = fold.attempts(rows, ends).values()
+    if not folded:
         return pd.DataFrame(columns=columns).rename_axis("nodeid")
     frame["rank"] = frame["outcome"].map(_RANK).fillna(len(OUTCOMES) - 1).astype(int)
-    attempts = pd.DataFrame(
-        [{"nodeid": a.nodeid, "rank": _RANK[a.outcome]} for a in fold.attempts(rows).values()]
-    )
+    attempts = pd.DataFrame([{"nodeid": a.nodeid, "rank": _RANK[a.outcome]} for a in folded])
     worst = attempts.groupby("nodeid", sort=False)["rank"].min()
     counts = attempts.groupby(["nodeid", "rank"], sort=False).size().sort_index(level=1)
     per_test: dict[str, dict[str, int]] = {}

@@ -42,7 +42,7 @@ from ..records import Signal
 from ..report.protection import ProtectedRuns
 from ..verdicts import attribution as attr
 from ..verdicts.evidence import CaptureEvidence, Evidence
-from ..verdicts.fold import Attempt, attempts
+from ..verdicts.fold import Attempt
 from .options import SweepError
 
 NEIGHBOR_CALLS_OPTION = "--capsafe-neighbor-calls"
@@ -340,13 +340,13 @@ class SweepHost:
             replay_file=replay_file, extra=neighbor_args(neighbors, calls)
             + ((f"{PROTECT_OPTION}={','.join(protect)}",) if protect else ()),
         )  # fmt: skip
-        result = s.runner.run(label, cmd)
+        result = s.runner.run(label, cmd, sequence=tests)
         s._take(result)
         if protect and not result.rows:  # e.g. an integration that cannot install there
             with s._lock:
                 s.notes.append(f"{label}: the protected rerun ran no test (pytest exit "
                                f"{result.returncode}; see {result.log})")  # fmt: skip
-        return batch_attempts(label, result.rows)
+        return {key: a for key, a in result.attempts().items() if key[0] == label}
 
     def pool(self, desc: str, jobs: Sequence[Any], work: Callable[[Any, int], list[Any]]) -> None:
         self.sweep._pool(desc, jobs, work)
@@ -402,8 +402,3 @@ def neighbor_summary(raw: Path) -> dict[str, Any]:
         "problems": problems,
         "unavailable": sorted({str(s["unavailable"]) for s in statuses if s.get("unavailable")}),
     }
-
-
-def batch_attempts(label: str, rows: Sequence[Any]) -> dict[tuple[str, str], Attempt]:
-    """The attempts of one batch process (its run id is its label)."""
-    return {key: a for key, a in attempts(rows).items() if key[0] == label}

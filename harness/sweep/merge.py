@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from ..plugin.collection import Collected, read_collected
-from ..verdicts import fold
 from .options import SweepError, SweepOptions
 from .phases import Sweep, SweepResult, target_outcome
 from .shard import Shard, parse_shard
@@ -179,7 +178,7 @@ class MergedSweep(Sweep):
                 self._take(result)
                 if label in counted:
                     nodeid, rerun = counted[label]
-                    attempts = {a.nodeid: a for (run, _), a in fold.attempts(result.rows).items()
+                    attempts = {a.nodeid: a for (run, _), a in result.attempts().items()
                                 if run == label}  # fmt: skip
                     failed, signals = target_outcome(attempts.get(nodeid), result.returncode)
                     self.count_alone(nodeid, rerun, failed, signals, label)

@@ -59,7 +59,6 @@ from .runner import (
     Interrupted,
     ProcessResult,
     Runner,
-    killed_in,
     last_line,
 )
 from .shard import stable_hash
@@ -105,7 +104,8 @@ class Sweep:
         self.raw = options.out / "raw"
         self.bar = _progress_bar(options.progress)
         self.runner = Runner(options, self.raw, on_tests=self.bar.update)
-        self.rows: list[Record] = []
+        self.rows: list[Record] = []  # what the test processes recorded
+        self.ends: list[fold.RunOutcome] = []  # how each of them ended
         self.run_ids: list[str] = []
         self.seeds: list[int] = []
         self.shuffles: list[str] = []
@@ -246,16 +246,16 @@ class Sweep:
 
     def reload(self, label: str, facts: Mapping[str, Any]) -> ProcessResult:
         """A finished process's result from its records, with sweep.json's facts about it
-        (exit code, killed stalled): what harness.sweep.runner made of it when it ran."""
+        (exit code, killed stalled, lost): what harness.sweep.runner made of it when it ran."""
         fact = facts.get(label, {})
         stalled = bool(fact.get("stalled", False))
         rows, malformed = load_records(self.raw / label)
-        inside = killed_in(rows) if stalled else ()
-        rows += fold.unfinished_rows(
-            rows, stalled_after=self.options.stall_limit if stalled else None
-        )
-        return ProcessResult(label, int(fact.get("returncode", 0)), rows, stalled,
-                             self.raw / f"{label}.log", malformed, inside)  # fmt: skip
+        end = fold.RunOutcome(
+            label, int(fact.get("returncode", 0)),
+            stalled_after=self.options.stall_limit if stalled else None,
+            lost=str(fact.get("lost", "")), killed=fold.killed(rows),
+        )  # fmt: skip
+        return ProcessResult(label, rows, end, self.raw / f"{label}.log", malformed)
 
     def _write_state(self) -> None:
         """sweep.json: the options and runs done, and what --resume and `capsafe merge` need
@@ -279,7 +279,7 @@ class Sweep:
         self.seeds.append(seed)
         self.shuffles.append(shuffle)
         self._take(result)
-        found = fold.attempts(result.rows)
+        found = result.attempts()
         if finished:
             self._check_suite_exit(result, found.values())
         self.run_attempts.update(found)
@@ -322,8 +322,11 @@ class Sweep:
     def _take(self, result: ProcessResult) -> None:
         with self._lock:
             self.rows += result.rows
-            self.processes[result.label] = {"returncode": result.returncode,
-                                            "stalled": result.stalled}  # fmt: skip
+            self.ends.append(result.end)
+            fact: dict[str, Any] = {"returncode": result.returncode, "stalled": result.stalled}
+            if result.end.lost:
+                fact["lost"] = result.end.lost
+            self.processes[result.label] = fact
             if result.malformed:
                 self.notes.append(
                     f"{result.label}: skipped {result.malformed} malformed record line(s) "
@@ -768,9 +771,9 @@ class Sweep:
         )  # fmt: skip
         if self.bar.total is not None:
             self.bar.total += len(sequence)
-        result = self.runner.run(label, cmd, exclusive=exclusive, group=group)
+        result = self.runner.run(label, cmd, exclusive=exclusive, group=group, sequence=sequence)
         self._take(result)
-        found = {a.nodeid: a for (run, _), a in fold.attempts(result.rows).items() if run == label}
+        found = {a.nodeid: a for (run, _), a in result.attempts().items() if run == label}
         return found, result.returncode
 
     def _width(self) -> int:
@@ -893,13 +896,16 @@ class Sweep:
             phase_times=phase_times.summary_times(self.clock, self.raw, self.rows),
             shard="" if o.shard is None else str(o.shard), suite_errors=self.suite_errors,
         )  # fmt: skip
-        summary.placement = placement.placement_section(fold.attempts(self.rows).values())
+        every = fold.attempts(self.rows, self.ends)
+        summary.placement = placement.placement_section(every.values())
         summary.gpu = gpu_report.gpu_section(
             [t.__dict__ for t in tests], self.rows, capture_sweep.neighbor_summary(self.raw)
         )
         past = self._history(tests) if o.shard is None else []  # the merge writes the history
         self._write_state()
-        report.write_reports(out, summary.to_dict(), self.rows, self._grid(), self.run_ids, past)
+        report.write_reports(
+            out, summary.to_dict(), self.rows, self._grid(), self.run_ids, past, ends=self.ends
+        )
         if self.neighbors_problem:
             return SweepResult(summary, EXIT_USAGE, f"{self.neighbors_problem}; report: {out}")
         if o.shard is not None and self.collected and not interrupted:
