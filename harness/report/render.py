@@ -26,6 +26,7 @@ from ..records import Record, Signal, to_json
 from ..verdicts.catalogue import BY_NAME, CLASSES, Verdict, colour, severity
 from ..verdicts.fold import RunOutcome
 from . import gpu_report, placement, tables
+from .summary import SearchRecord, Summary
 
 
 class Cell(StrEnum):
@@ -55,7 +56,7 @@ OUTCOME_COLOURS = {"skipped": "#6e7781", "xfailed": "#9a6700", "xpassed": "#bf39
 
 def write_reports(
     out: str | os.PathLike[str],
-    summary: Mapping[str, Any],
+    summary: Summary,
     rows: Iterable[Record],
     grid: Mapping[str, Sequence[str]],
     run_ids: Sequence[str],
@@ -71,8 +72,9 @@ def write_reports(
     with open(out / "records.jsonl", "w", encoding="utf-8") as f:
         for row in rows:
             f.write(to_json(row) + "\n")
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    tests = tables.per_test_table(summary["tests"], tables.outcomes_by_test(rows, ends))
+    data = summary.to_dict()
+    (out / "summary.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    tests = tables.per_test_table(summary.tests, tables.outcomes_by_test(rows, ends))
     tables.write_tests_csv(out / "tests.csv", tests)
     (out / "report.md").write_text(render_markdown(summary, tests), encoding="utf-8")
     page = render_html(summary, grid, run_ids, history, tests)
@@ -80,11 +82,11 @@ def write_reports(
 
 
 def _per_test(
-    summary: Mapping[str, Any], tests: Sequence[Mapping[str, Any]] | None
+    summary: Summary, tests: Sequence[Mapping[str, Any]] | None
 ) -> list[Mapping[str, Any]]:
     """`tests` worst first; without records, the summary's tests with what it says alone."""
     if tests is None:
-        tests = tables.per_test_table(summary["tests"], tables.outcomes_by_test([]))
+        tests = tables.per_test_table(summary.tests, tables.outcomes_by_test([]))
     return worst_first(tests)
 
 
@@ -136,13 +138,11 @@ def search_bound(candidates: int) -> int:
 # ---------------------------------------------------------------- markdown
 
 
-def render_markdown(
-    summary: Mapping[str, Any], tests: Sequence[Mapping[str, Any]] | None = None
-) -> str:
+def render_markdown(summary: Summary, tests: Sequence[Mapping[str, Any]] | None = None) -> str:
     """A plain-text report for terminals, PR comments and chat (`tests`: the per-test table)."""
     tests = _per_test(summary, tests)
     bad = [t for t in tests if t["classification"] != Verdict.PASS]
-    counts = summary["counts"]
+    counts = summary.counts
     lines = [
         "# capsafe sweep",
         "",
@@ -156,17 +156,17 @@ def render_markdown(
     if outcomes := _outcome_counts(tests):
         lines += [f"Outcomes of the tests classed pass: {outcomes}", ""]
     lines += [
-        f"Runs: {summary['runs']} · workers: {summary['workers']} · backend: "
-        f"{summary['backend']} · {summary['duration_s']:.1f} s · seeds: "
-        + ", ".join(str(s) for s in summary["seeds"]),
+        f"Runs: {summary.runs} · workers: {summary.workers} · backend: "
+        f"{summary.backend} · {summary.duration_s:.1f} s · seeds: "
+        + ", ".join(str(s) for s in summary.seeds),
         "",
     ]
-    if summary.get("shard"):
-        lines += [f"> **{shard_line(summary['shard'])}**", ""]
-    for note in summary.get("notes", []):  # a blank line apart: one quote block each
+    if summary.shard:
+        lines += [f"> **{shard_line(summary.shard)}**", ""]
+    for note in summary.notes:  # a blank line apart: one quote block each
         lines += [f"> **Note:** {note}", ""]
-    lines += gpu_report.markdown(summary.get("gpu"))
-    lines += placement.markdown(summary.get("placement"))
+    lines += gpu_report.markdown(summary.gpu)
+    lines += placement.markdown(summary.placement)
     if bad:
         lines += [
             "## Tests that need attention",
@@ -212,12 +212,12 @@ def render_markdown(
                     f"| {_md(_value(before))} | {_md(_value(after))} |"
                 )
         lines.append("")
-    if summary["searches"]:
+    if summary.searches:
         lines += ["## Searches", "", "| test | candidates | replays | bound |", "|---|---|---|---|"]
-        for s in summary["searches"]:
+        for s in summary.searches:
             lines.append(
-                f"| `{_md(s['victim'])}` | {s['candidates']} | {s['replays']} "
-                f"| {search_bound(s['candidates'])} |"
+                f"| `{_md(s.victim)}` | {s.candidates} | {s.replays} "
+                f"| {search_bound(s.candidates)} |"
             )
         lines.append("")
     return "\n".join(lines) + "\n"
@@ -283,8 +283,8 @@ def shard_line(shard: str) -> str:
     )
 
 
-def _verdict(summary: Mapping[str, Any], total: int, bad: int) -> str:
-    suite = suite_errors_text(summary.get("suite_errors", []), summary["runs"])
+def _verdict(summary: Summary, total: int, bad: int) -> str:
+    suite = suite_errors_text(summary.suite_errors, summary.runs)
     if total == 0:
         return "No tests ran."
     if bad == 0 and suite:
@@ -311,7 +311,7 @@ def _pct(value: float) -> str:
 
 
 def render_html(
-    summary: Mapping[str, Any],
+    summary: Summary,
     grid: Mapping[str, Sequence[str]],
     run_ids: Sequence[str],
     history: Sequence[Mapping[str, str]],
@@ -323,39 +323,39 @@ def render_html(
     series = tables.trends(history)
     body = [
         _header(summary, tests, len(bad), history),
-        _notes([shard_line(summary["shard"])] if summary.get("shard") else []),
-        _notes(summary.get("notes", [])),
-        gpu_report.html_section(summary.get("gpu")),
-        placement.html_section(summary.get("placement")),
+        _notes([shard_line(summary.shard)] if summary.shard else []),
+        _notes(summary.notes),
+        gpu_report.html_section(summary.gpu),
+        placement.html_section(summary.placement),
         _table(tests, series),
         _heatmap(tests, grid, run_ids),
         _other_outcomes_section(tests),
         _leaks_section(tests),
         _pairs(tests),
-        _searches(summary["searches"]),
+        _searches(summary.searches),
         _FOOTER,
     ]
     return _PAGE.format(css=_CSS, body="\n".join(part for part in body if part))
 
 
 def _header(
-    summary: Mapping[str, Any],
+    summary: Summary,
     tests: Sequence[Mapping[str, Any]],
     bad: int,
     history: Sequence[Mapping[str, str]],
 ) -> str:
     total = len(tests)
-    tone = "ok" if bad == 0 and not summary.get("suite_errors") else "bad"
+    tone = "ok" if bad == 0 and not summary.suite_errors else "bad"
     cards = "".join(
-        f'<div class="card" style="--c:{colour(c)}"><div class="n">{summary["counts"].get(c, 0)}'
+        f'<div class="card" style="--c:{colour(c)}"><div class="n">{summary.counts.get(c, 0)}'
         f'</div><div class="k">{c}</div><div class="d">{BY_NAME[c].description}</div></div>'
         for c in CLASSES
     )
-    seeds = ", ".join(str(s) for s in summary["seeds"]) or "none"
+    seeds = ", ".join(str(s) for s in summary.seeds) or "none"
     meta = (
-        f"<span>{summary['runs']} runs</span><span>{summary['workers']} workers</span>"
-        f"<span>backend <b>{_e(summary['backend'])}</b></span>"
-        f"<span>{summary['duration_s']:.1f} s</span>"
+        f"<span>{summary.runs} runs</span><span>{summary.workers} workers</span>"
+        f"<span>backend <b>{_e(summary.backend)}</b></span>"
+        f"<span>{summary.duration_s:.1f} s</span>"
         f'<span title="seeds of the runs">seeds {_e(seeds)}</span>'
     )
     trend = _sweep_trend(history)
@@ -635,16 +635,16 @@ def _pairs(tests: Sequence[Mapping[str, Any]]) -> str:
     return f"<section><h2>Polluter → victim, state-setter → brittle</h2>{''.join(items)}</section>"
 
 
-def _searches(searches: Sequence[Mapping[str, Any]]) -> str:
+def _searches(searches: Sequence[SearchRecord]) -> str:
     if not searches:
         return ""
     rows = []
     for s in searches:
-        bound = search_bound(s["candidates"])
-        within = s["replays"] <= bound
+        bound = search_bound(s.candidates)
+        within = s.replays <= bound
         rows.append(
-            f"<tr><td><code>{_e(s['victim'])}</code></td><td>{s['candidates']}</td>"
-            f"<td>{s['replays']}</td><td>{bound}</td>"
+            f"<tr><td><code>{_e(s.victim)}</code></td><td>{s.candidates}</td>"
+            f"<td>{s.replays}</td><td>{bound}</td>"
             f'<td class="{"okc" if within else "badc"}">{"within" if within else "over"}</td></tr>'
         )
     return (

@@ -8,6 +8,7 @@ caller only needs values, so pandas stays an implementation detail here.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -17,6 +18,7 @@ import pandas as pd  # type: ignore[import-untyped]
 from ..records import OUTCOMES, Record
 from ..verdicts import fold
 from ..verdicts.catalogue import Verdict
+from .summary import TestVerdict
 
 ENV_LEAKS_SHOWN = 10  # distinct (variable, before, after) changes kept per test
 TESTS_CSV_COLUMNS = (
@@ -92,16 +94,14 @@ def _env_leaks(frame: pd.DataFrame) -> pd.Series:
     return pd.Series(per_test, dtype=object)
 
 
-def per_test_table(
-    tests: Sequence[Mapping[str, Any]], outcomes: pd.DataFrame
-) -> list[dict[str, Any]]:
+def per_test_table(tests: Sequence[TestVerdict], outcomes: pd.DataFrame) -> list[dict[str, Any]]:
     """The summary's tests, each with its record-derived outcome, message, details and leaks.
 
     The summary's own message (a collection error, or the sweep's chosen failure) wins
     over the records'; a test with no records (not collected) is `failed` if its class
     is not `pass`.
     """
-    frame = pd.DataFrame.from_records([dict(t) for t in tests])
+    frame = pd.DataFrame.from_records([dataclasses.asdict(t) for t in tests])
     if frame.empty:
         return []
     joined = frame.join(outcomes.add_prefix("rec_"), on="nodeid")

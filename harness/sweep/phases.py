@@ -904,7 +904,7 @@ class Sweep:
         past = self._history(tests) if o.shard is None else []  # the merge writes the history
         self._write_state()
         report.write_reports(
-            out, summary.to_dict(), self.rows, self._grid(), self.run_ids, past, ends=self.ends
+            out, summary, self.rows, self._grid(), self.run_ids, past, ends=self.ends
         )
         if self.neighbors_problem:
             return SweepResult(summary, EXIT_USAGE, f"{self.neighbors_problem}; report: {out}")
