@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..report import render as report
 from ..report.summary import TestVerdict
 from ..verdicts.catalogue import Verdict
-from .phases import SweepResult
+from .run import SweepResult
 
 WORST_SHOWN = 10  # tests the console lists at the end
 
