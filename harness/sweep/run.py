@@ -38,7 +38,8 @@ from typing import Any
 from ..plugin import order, phase_times
 from ..records import Signal
 from ..report import gpu_report, history, placement
-from ..report import render as report
+from ..report.render import write_reports
+from ..report.shared import Cell, suite_errors_text
 from ..report.summary import Summary, TestVerdict
 from ..verdicts import catalogue, fold, stats
 from ..verdicts.catalogue import Verdict, why
@@ -207,9 +208,7 @@ class Sweep:
         )
         past = self._history(tests) if o.shard is None else []  # the merge writes the history
         self.suite_runs.write_state()
-        report.write_reports(
-            out, summary, store.rows, self._grid(), store.run_ids, past, ends=store.ends
-        )
+        write_reports(out, summary, store.rows, self._grid(), store.run_ids, past, ends=store.ends)
         if self.neighbors_problem:
             return SweepResult(summary, EXIT_USAGE, f"{self.neighbors_problem}; report: {out}")
         if o.shard is not None and store.collected and not interrupted:
@@ -260,7 +259,7 @@ class Sweep:
             states = []
             for run_id in self.store.run_ids:
                 a = self.store.run_attempts.get((run_id, nodeid))
-                states.append(report.Cell.NOT_RUN if a is None else _cell(a))
+                states.append(Cell.NOT_RUN if a is None else _cell(a))
             grid[nodeid] = states
         return grid
 
@@ -280,12 +279,12 @@ def _progress_bar(enabled: bool) -> Any:
 
 def _cell(attempt: fold.Attempt) -> str:
     if not attempt.failed:
-        return report.Cell.PASSED
+        return Cell.PASSED
     if Signal.CRASH in attempt.signals:
-        return report.Cell.CRASH
+        return Cell.CRASH
     if Signal.TIMEOUT in attempt.signals:
-        return report.Cell.TIMEOUT
-    return report.Cell.FAILED
+        return Cell.TIMEOUT
+    return Cell.FAILED
 
 
 def _slug(nodeid: str) -> str:
@@ -306,7 +305,7 @@ def _outcome(
         return SweepResult(summary, EXIT_USAGE,
                            f"no test could be collected ({len(bad)} collection error(s)); "
                            f"{where}")  # fmt: skip
-    suite = report.suite_errors_text(summary.suite_errors, summary.runs)
+    suite = suite_errors_text(summary.suite_errors, summary.runs)
     if found:
         by_class = Counter(t.classification for t in found)
         kinds = ", ".join(f"{by_class[c]} {c}" for c in catalogue.CLASSES if by_class[c])

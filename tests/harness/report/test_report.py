@@ -13,13 +13,10 @@ import pytest
 
 from capsafe_harness.records import Record
 from capsafe_harness.report import history, tables
-from capsafe_harness.report.render import (
-    pairs,
-    render_html,
-    render_markdown,
-    search_bound,
-    write_reports,
-)
+from capsafe_harness.report.html_page import render_html
+from capsafe_harness.report.markdown import render_markdown
+from capsafe_harness.report.render import write_reports
+from capsafe_harness.report.shared import pairs, search_bound
 from capsafe_harness.report.summary import SearchRecord, Summary, TestVerdict
 
 SUITE = "/home/me/proj/tests"
