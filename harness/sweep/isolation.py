@@ -61,8 +61,12 @@ class Isolation:
         self.host.pool("isolation reruns", jobs, alone, target=lambda job: job[0])
         if o.shard is None:
             self.capture.attribute_late(self.host, failing, o.seed)
-            frameworks = lambda: capture_sweep.find_frameworks(self.cwd, self.host.note)  # noqa: E731
-            self.capture.protect(self.host, o.protect, runs, batch_seeds, frameworks=frameworks)
+            self.capture.protect(self.host, o.protect, runs, batch_seeds,
+                                 frameworks=self._frameworks)  # fmt: skip
+
+    def _frameworks(self) -> tuple[str, ...]:
+        """What `--protect auto` finds: asked of the suite's interpreter, in its directory."""
+        return capture_sweep.find_frameworks(self.cwd, self.host.note)
 
     def count_alone(
         self, nodeid: str, rerun: int, failed: bool | None, signals: frozenset[str], label: str
