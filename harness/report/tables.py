@@ -8,6 +8,7 @@ caller only needs values, so pandas stays an implementation detail here.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -17,6 +18,7 @@ import pandas as pd  # type: ignore[import-untyped]
 from ..records import OUTCOMES, Record
 from ..verdicts import fold
 from ..verdicts.catalogue import Verdict
+from .summary import TestVerdict
 
 ENV_LEAKS_SHOWN = 10  # distinct (variable, before, after) changes kept per test
 TESTS_CSV_COLUMNS = (
@@ -35,25 +37,25 @@ _RANK = {outcome: rank for rank, outcome in enumerate(OUTCOMES)}
 # ---------------------------------------------------------------- per test, from records
 
 
-def outcomes_by_test(rows: Iterable[Record]) -> pd.DataFrame:
+def outcomes_by_test(rows: Iterable[Record], ends: Iterable[fold.RunOutcome] = ()) -> pd.DataFrame:
     """Per test (index: node id) what its records say beyond the verdict.
 
     outcome: the worst outcome of any of its attempts (failed, xpassed, xfailed, skipped,
     passed); outcomes: {outcome: attempts}; message and details: the latest row with
     that outcome and a message (a failure, a skip or xfail reason); env_leaks: the
-    distinct [variable, before, after] it left changed.
+    distinct [variable, before, after] it left changed. `ends`: how the processes ended
+    (a test its process died in failed, whatever its rows say).
     """
     rows = list(rows)
     frame = pd.DataFrame.from_records(
         [{k: r.get(k) for k in _RECORD_COLUMNS} for r in rows], columns=list(_RECORD_COLUMNS)
     )
     columns = ["outcome", "outcomes", "message", "details", "env_leaks"]
-    if frame.empty:
+    folded = fold.attempts(rows, ends).values()
+    if not folded:
         return pd.DataFrame(columns=columns).rename_axis("nodeid")
     frame["rank"] = frame["outcome"].map(_RANK).fillna(len(OUTCOMES) - 1).astype(int)
-    attempts = pd.DataFrame(
-        [{"nodeid": a.nodeid, "rank": _RANK[a.outcome]} for a in fold.attempts(rows).values()]
-    )
+    attempts = pd.DataFrame([{"nodeid": a.nodeid, "rank": _RANK[a.outcome]} for a in folded])
     worst = attempts.groupby("nodeid", sort=False)["rank"].min()
     counts = attempts.groupby(["nodeid", "rank"], sort=False).size().sort_index(level=1)
     per_test: dict[str, dict[str, int]] = {}
@@ -92,16 +94,14 @@ def _env_leaks(frame: pd.DataFrame) -> pd.Series:
     return pd.Series(per_test, dtype=object)
 
 
-def per_test_table(
-    tests: Sequence[Mapping[str, Any]], outcomes: pd.DataFrame
-) -> list[dict[str, Any]]:
+def per_test_table(tests: Sequence[TestVerdict], outcomes: pd.DataFrame) -> list[dict[str, Any]]:
     """The summary's tests, each with its record-derived outcome, message, details and leaks.
 
     The summary's own message (a collection error, or the sweep's chosen failure) wins
     over the records'; a test with no records (not collected) is `failed` if its class
     is not `pass`.
     """
-    frame = pd.DataFrame.from_records([dict(t) for t in tests])
+    frame = pd.DataFrame.from_records([dataclasses.asdict(t) for t in tests])
     if frame.empty:
         return []
     joined = frame.join(outcomes.add_prefix("rec_"), on="nodeid")

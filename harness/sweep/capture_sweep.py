@@ -32,17 +32,17 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from ..plugin import neighbors as nb
-from ..plugin import order
 from ..plugin.protect import FRAMEWORKS
 from ..plugin.protect import OPTION as PROTECT_OPTION
 from ..records import Signal
 from ..report.protection import ProtectedRuns
 from ..verdicts import attribution as attr
 from ..verdicts.evidence import CaptureEvidence, Evidence
-from ..verdicts.fold import Attempt, attempts
+from ..verdicts.fold import Attempt
+from .host import Host
 from .options import SweepError
 
 NEIGHBOR_CALLS_OPTION = "--capsafe-neighbor-calls"
@@ -53,26 +53,28 @@ class NeighborsDidNotStart(Exception):
     """Neighbour threads could not start in a test process: the sweep stops (exit 2)."""
 
 
-class Host(Protocol):
-    """What the capture phases need from the sweep that runs them."""
-
-    def batch(
-        self, tests: Sequence[str], *, neighbors: bool, calls: Sequence[str], seed: int | None,
-        kind: str, protect: Sequence[str] = (),
-    ) -> dict[tuple[str, str], Attempt]: ...  # fmt: skip
-
-    def pool(self, desc: str, jobs: Sequence[Any], work: Callable[[Any, int], list[Any]]) -> None:
-        """Run `work(job, i)` on up to --workers threads; a job returns more jobs to queue."""
-
-    def frameworks(self) -> tuple[str, ...]:
-        """The integrations whose framework the suite's interpreter finds (`--protect auto`)."""
+def batch(
+    host: Host, tests: Sequence[str], *, neighbors: bool, calls: Sequence[str],
+    seed: int | None, kind: str, protect: Sequence[str] = (),
+) -> dict[str, Attempt]:  # fmt: skip
+    """Run `tests` in this order in one fresh process, with neighbours or not (limited to
+    `calls` kinds), with `--capsafe-protect` when `protect` names integrations; their
+    attempts by node id."""
+    extra = neighbor_args(neighbors, calls)
+    if protect:
+        extra += (f"{PROTECT_OPTION}={','.join(protect)}",)
+    done = host.replay(tests, seed=seed, kind=kind, extra=extra)
+    if protect and not done.ran:  # e.g. an integration that cannot install there
+        host.note(f"{done.label}: the protected rerun ran no test (pytest exit "
+                  f"{done.returncode}; see {done.log})")  # fmt: skip
+    return done.attempts
 
 
 def capture_failure(attempt: Attempt) -> bool:
     return attempt.failed and Signal.CAPTURE_INVALIDATED in attempt.signals
 
 
-def _outcomes(tests: Sequence[str], found: dict[tuple[str, str], Attempt]) -> attr.Outcomes:
+def _outcomes(tests: Sequence[str], found: dict[str, Attempt]) -> attr.Outcomes:
     """Per test of an attribution process: broke (a capture error), survived (passed), or no
     evidence (did not run, or failed some other way)."""
     outcomes: attr.Outcomes = dict.fromkeys(tests)
@@ -157,14 +159,14 @@ class CapturePhases:
             kind, payload = job
             if kind == "batch":
                 with_neighbors = self.rerun_with_neighbors(payload)
-                found = host.batch(suspects, neighbors=with_neighbors, calls=(),
-                                   seed=seeds[payload], kind="batch")  # fmt: skip
+                found = batch(host, suspects, neighbors=with_neighbors, calls=(),
+                              seed=seeds[payload], kind="batch")  # fmt: skip
                 for attempt in found.values():
                     if attempt.nodeid in suspects:
                         self.saw(attempt, neighbors=with_neighbors, batched=True)
                 return []
             kinds, targets = payload
-            found = host.batch(targets, neighbors=True, calls=kinds, seed=seed, kind="attrib")
+            found = batch(host, targets, neighbors=True, calls=kinds, seed=seed, kind="attrib")
             return [("attrib", j) for j in group.record(kinds, _outcomes(targets, found))]
 
         jobs = [("batch", k) for k in range(runs)] + [("attrib", j) for j in group.start()]
@@ -184,7 +186,7 @@ class CapturePhases:
 
         def work(job: tuple[str, Any], _: int) -> list[tuple[str, Any]]:
             kinds, targets = job[1]
-            found = host.batch(targets, neighbors=True, calls=kinds, seed=seed, kind="attrib")
+            found = batch(host, targets, neighbors=True, calls=kinds, seed=seed, kind="attrib")
             return [("attrib", j) for j in group.record(kinds, _outcomes(targets, found))]
 
         host.pool("attribution", [("attrib", j) for j in group.start()], work)
@@ -192,25 +194,29 @@ class CapturePhases:
         self.attributions.update({t: group.result(t) for t in late})
 
     # -- protection -------------------------------------------------------------
-    def protect(self, host: Host, choice: str, runs: int, seeds: Sequence[int]) -> None:
+    def protect(
+        self, host: Host, choice: str, runs: int, seeds: Sequence[int], *,
+        frameworks: Callable[[], tuple[str, ...]],
+    ) -> None:  # fmt: skip
         """Rerun every capture-unsafe test with neighbours and `--capsafe-protect`, `runs`
-        times, batched first (see the module doc); `choice` is the `--protect` value."""
+        times, batched first (see the module doc); `choice` is the `--protect` value,
+        `frameworks` what `auto` finds (find_frameworks)."""
         tests = sorted(n for n in list(self.store) if self.capture_unsafe(n))
         if not tests:
             return
         if choice == NO_PROTECTION:
             self.protection = {t: ProtectedRuns(not_run="--protect none") for t in tests}
             return
-        frameworks = host.frameworks() if choice == AUTO else tuple(choice.split(","))
-        self.protection = {t: ProtectedRuns(frameworks) for t in tests}
-        if not frameworks:
+        chosen = frameworks() if choice == AUTO else tuple(choice.split(","))
+        self.protection = {t: ProtectedRuns(chosen) for t in tests}
+        if not chosen:
             return
         batch_passes = dict.fromkeys(tests, 0)
 
         def rerun(job: tuple[tuple[str, ...], int], _: int) -> list[Any]:
             targets, k = job
-            found = host.batch(targets, neighbors=True, calls=(), seed=seeds[k],
-                               kind="protect", protect=frameworks)  # fmt: skip
+            found = batch(host, targets, neighbors=True, calls=(), seed=seeds[k],
+                          kind="protect", protect=chosen)  # fmt: skip
             with self._lock:
                 for attempt in found.values():
                     if len(targets) > 1:
@@ -317,57 +323,23 @@ for name, module in {table!r}.items():
 """
 
 
-class SweepHost:
-    """The `Host` the capture phases use, over a `harness.sweep.Sweep`."""
-
-    def __init__(self, sweep: Any) -> None:
-        self.sweep = sweep
-
-    def batch(
-        self, tests: Sequence[str], *, neighbors: bool, calls: Sequence[str], seed: int | None,
-        kind: str, protect: Sequence[str] = (),
-    ) -> dict[tuple[str, str], Attempt]:  # fmt: skip
-        """Run `tests` in this order in one fresh process (no xdist), with `--capsafe-protect`
-        when `protect` names integrations; their attempts."""
-        s = self.sweep
-        if s.runner.stopping.is_set():
-            raise KeyboardInterrupt
-        label = s._label(kind)
-        replay_file = s.raw / "replays" / f"{label}.txt"
-        order.write_replay(replay_file, list(tests))
-        cmd = s.runner.pytest_command(
-            s.runner.replay_targets(tests), s.raw / label, label, seed=seed, workers=0,
-            replay_file=replay_file, extra=neighbor_args(neighbors, calls)
-            + ((f"{PROTECT_OPTION}={','.join(protect)}",) if protect else ()),
-        )  # fmt: skip
-        result = s.runner.run(label, cmd)
-        s._take(result)
-        if protect and not result.rows:  # e.g. an integration that cannot install there
-            with s._lock:
-                s.notes.append(f"{label}: the protected rerun ran no test (pytest exit "
-                               f"{result.returncode}; see {result.log})")  # fmt: skip
-        return batch_attempts(label, result.rows)
-
-    def pool(self, desc: str, jobs: Sequence[Any], work: Callable[[Any, int], list[Any]]) -> None:
-        self.sweep._pool(desc, jobs, work)
-
-    def frameworks(self) -> tuple[str, ...]:
-        """Asked of the suite's own interpreter in its directory, as its test processes would
-        import; a note and none when that check itself fails."""
-        code = _FIND_FRAMEWORKS.format(table=FRAMEWORKS)
-        try:
-            done = subprocess.run([sys.executable, "-c", code], cwd=self.sweep.runner.cwd,
-                                  env=dict(os.environ), capture_output=True, text=True,
-                                  timeout=120)  # fmt: skip
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            self.sweep.notes.append(f"--protect auto: could not look for the frameworks: {exc}")
-            return ()
-        if done.returncode:
-            reason = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
-            self.sweep.notes.append(f"--protect auto: could not look for the frameworks: {reason}")
-            return ()
-        found = set(done.stdout.split())
-        return tuple(n for n in FRAMEWORKS if n in found)
+def find_frameworks(cwd: Path, note: Callable[[str], None]) -> tuple[str, ...]:
+    """The integrations whose framework the suite's interpreter finds (`--protect auto`),
+    asked of it in its directory, as its test processes would import; a note and none
+    when that check itself fails."""
+    code = _FIND_FRAMEWORKS.format(table=FRAMEWORKS)
+    try:
+        done = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=dict(os.environ),
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        note(f"--protect auto: could not look for the frameworks: {exc}")
+        return ()
+    if done.returncode:
+        reason = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        note(f"--protect auto: could not look for the frameworks: {reason}")
+        return ()
+    found = set(done.stdout.split())
+    return tuple(n for n in FRAMEWORKS if n in found)
 
 
 def check_started(records_dir: Path) -> None:
@@ -402,8 +374,3 @@ def neighbor_summary(raw: Path) -> dict[str, Any]:
         "problems": problems,
         "unavailable": sorted({str(s["unavailable"]) for s in statuses if s.get("unavailable")}),
     }
-
-
-def batch_attempts(label: str, rows: Sequence[Any]) -> dict[tuple[str, str], Attempt]:
-    """The attempts of one batch process (its run id is its label)."""
-    return {key: a for key, a in attempts(rows).items() if key[0] == label}

@@ -21,7 +21,7 @@ from ..plugin import gpus
 from ..report import placement
 from ..verdicts import catalogue
 from ..verdicts.evidence import VERIFY_TIMES
-from . import capture_sweep, console, phases, run, state, termination
+from . import capture_sweep, console, run, state, termination
 from .executors import EXECUTORS, make_executor
 from .options import SweepError, SweepOptions
 from .ray_executor import NOT_INSTALLED
@@ -195,7 +195,7 @@ def main(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # a second Ctrl-C, while the partial report was being written
         print(f"capsafe sweep: interrupted; the report in {options.out} may be incomplete",
               file=sys.stderr)  # fmt: skip
-        return phases.EXIT_INTERRUPTED
+        return run.EXIT_INTERRUPTED
     lines = console.console_lines(result)
     if by_gpu := placement.console_line(result.summary.placement):
         lines.insert(-1, by_gpu)
@@ -337,4 +337,4 @@ def _default_out() -> Path:
 
 def _usage(reason: str) -> int:
     print(f"capsafe sweep: {reason}", file=sys.stderr)
-    return phases.EXIT_USAGE
+    return run.EXIT_USAGE

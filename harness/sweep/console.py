@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from ..report import render as report
+from ..report.shared import worst_first
 from ..report.summary import TestVerdict
 from ..verdicts.catalogue import Verdict
-from .phases import SweepResult
+from .run import SweepResult
 
 WORST_SHOWN = 10  # tests the console lists at the end
 
@@ -28,7 +28,7 @@ def cause_of(test: TestVerdict) -> str:
 
 def console_lines(result: SweepResult) -> list[str]:
     """The end of the console output: the worst tests (class, test, cause), then the verdict."""
-    bad = report.worst_first([t.__dict__ for t in result.summary.tests])
+    bad = worst_first([t.__dict__ for t in result.summary.tests])
     shown = [t for t in bad if t["classification"] != Verdict.PASS][:WORST_SHOWN]
     by_id = {t.nodeid: t for t in result.summary.tests}
     lines = [f"  {t['classification']:<16} {t['nodeid']}  {cause_of(by_id[t['nodeid']])}"

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from ..plugin.collection import Collected, read_collected
-from ..verdicts import fold
+from .host import target_outcome
 from .options import SweepError, SweepOptions
-from .phases import Sweep, SweepResult, target_outcome
+from .run import Sweep, SweepResult
 from .shard import Shard, parse_shard
 from .state import STATE_FILE, describe_error, prepare_out, read_state
 
@@ -159,7 +159,7 @@ class MergedSweep(Sweep):
         for name in ("collected.json", "collect.log"):
             if (first.path / "raw" / name).is_file():
                 shutil.copy2(first.path / "raw" / name, self.raw / name)
-        self.take_collection(first.collected)
+        self.suite_runs.take_collection(first.collected)
 
     def _load_shards(self) -> None:
         """Every shard's records into OUT/raw, then its runs (in run order, as one sweep
@@ -168,22 +168,22 @@ class MergedSweep(Sweep):
             copy_evidence(found.path / "raw", self.raw)
         owner = {int(k): found for found in self.shards for k in found.state["runs_done"]}
         for k in sorted(owner):
-            self.load_run(k, owner[k].state["processes"])
+            self.suite_runs.load_run(k, owner[k].state["processes"])
         for found in self.shards:
             facts = found.state["processes"]
             counted = {str(label): (str(n), int(r)) for n, r, label in found.state["alone"]}
             for label in facts:
                 if label.startswith("run-"):
                     continue
-                result = self.reload(label, facts)
-                self._take(result)
+                result = self.suite_runs.reload(label, facts)
+                self.store.take(result)
                 if label in counted:
                     nodeid, rerun = counted[label]
-                    attempts = {a.nodeid: a for (run, _), a in fold.attempts(result.rows).items()
+                    attempts = {a.nodeid: a for (run, _), a in result.attempts().items()
                                 if run == label}  # fmt: skip
                     failed, signals = target_outcome(attempts.get(nodeid), result.returncode)
-                    self.count_alone(nodeid, rerun, failed, signals, label)
-        self.notes.append(
+                    self.isolation.count_alone(nodeid, rerun, failed, signals, label)
+        self.store.note(
             f"merged from {len(self.shards)} shards: "
             + ", ".join(f"{s.shard} ({s.path})" for s in self.shards)
         )

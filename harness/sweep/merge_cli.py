@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..verdicts.catalogue import Verdict
 from . import cli as sweep_cli
-from . import console, merge, phases, termination
+from . import console, merge, run, termination
 from .options import SweepError
 
 EPILOG = """\
@@ -66,11 +66,11 @@ def main(args: argparse.Namespace) -> int:
             )  # fmt: skip
     except SweepError as exc:
         print(f"capsafe merge: {exc}", file=sys.stderr)
-        return phases.EXIT_USAGE
+        return run.EXIT_USAGE
     except KeyboardInterrupt:  # a second Ctrl-C, while the partial report was being written
         print(f"capsafe merge: interrupted; the report in {args.out} may be incomplete",
               file=sys.stderr)  # fmt: skip
-        return phases.EXIT_INTERRUPTED
+        return run.EXIT_INTERRUPTED
     for line in console.console_lines(result):
         print(f"capsafe merge: {line}" if line == result.reason else line, file=sys.stderr)
     return result.exit_code

@@ -4,7 +4,9 @@ Every process runs through the sweep's executor (harness.sweep.executor: this ma
 default, or Ray) in its own session under a stall watchdog: one that writes nothing
 for `stall_limit` seconds is killed and the test it was in is recorded as timed out,
 so a hang never stops the sweep. One the executor lost (a Ray node died, twice) has
-the test it was in recorded as crashed. `kill_all` (Ctrl-C, an exception in a worker
+the test it was in crashed. How a process ended is a typed fact, `fold.RunOutcome`
+(its exit, the watchdog's kill, the loss, the tests it was in), which the fold reads
+beside the rows; no row is made up. `kill_all` (Ctrl-C, an exception in a worker
 thread) kills every live process at once.
 
 With `--gpus`, a process with xdist workers gets the whole device list (the plugin pins
@@ -35,10 +37,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..plugin import order
 from ..plugin.collection import COLLECT_OUT_ENV, PLUGIN, Collected, read_collected
 from ..plugin.gpus import VISIBLE, as_spec
-from ..records import Record, Signal, load_records
+from ..records import Record, load_records
 from ..verdicts import fold
 from .executor import SWEEP_SHARED_ENV, SWEEP_TMP_ENV, Executor, Launch
 from .executors import make_executor
@@ -64,20 +65,32 @@ PYTEST_NO_RUN = (2, 3, 4, 5)  # interrupted, internal error, usage error, no tes
 
 @dataclass
 class ProcessResult:
-    """One pytest subprocess: its exit code, rows, and whether the watchdog killed it."""
+    """One pytest subprocess: the rows it recorded and how it ended."""
 
     label: str
-    returncode: int
     rows: list[Record]
-    stalled: bool
+    end: fold.RunOutcome
     log: Path
     malformed: int = 0  # record lines that could not be read (skipped, counted in the notes)
-    killed_in: tuple[str, ...] = ()  # the tests a stalled process was in when it was killed
 
+    @property
+    def returncode(self) -> int:
+        return self.end.returncode
 
-def killed_in(rows: Sequence[Record]) -> tuple[str, ...]:
-    """The tests a process was in when it was killed: set up, never torn down."""
-    return tuple(sorted({group[0]["nodeid"] for group in fold.unfinished(rows)}))
+    @property
+    def stalled(self) -> bool:
+        return self.end.stalled
+
+    @property
+    def killed_in(self) -> tuple[str, ...]:
+        """The tests a stalled process was in when the watchdog killed it."""
+        if not self.end.stalled or self.end.lost:
+            return ()
+        return tuple(sorted({k.nodeid for k in self.end.killed}))
+
+    def attempts(self) -> dict[tuple[str, str], fold.Attempt]:
+        """Its tests' attempts: its rows folded with how it ended."""
+        return fold.attempts(self.rows, [self.end])
 
 
 class Interrupted(KeyboardInterrupt):
@@ -274,9 +287,16 @@ class Runner:
                 self._groups.discard(token)
 
     def run(
-        self, label: str, cmd: list[str], *, exclusive: bool = False, group: object = None
+        self,
+        label: str,
+        cmd: list[str],
+        *,
+        exclusive: bool = False,
+        group: object = None,
+        sequence: Sequence[str] = (),
     ) -> ProcessResult:
-        """Run one pytest process to completion (or stall, or stop) and read its rows."""
+        """Run one pytest process to completion (or stall, or stop) and read its rows;
+        `sequence`: the tests a replay runs, in order (where a lost one stopped)."""
         records = self.raw / label
         records.mkdir(parents=True, exist_ok=True)
         log = self.raw / f"{label}.log"
@@ -292,48 +312,31 @@ class Runner:
                 raise KeyboardInterrupt
             end = self.executor.execute(launch, self.on_tests, self.stopping)
         rows, malformed = load_records(records)
-        if end.interrupted:
-            raise Interrupted(
-                ProcessResult(
-                    label, end.returncode, fold.finished_rows(rows), False, log, malformed
-                )
-            )
-        stall = self.options.stall_limit if end.stalled else None
-        inside = killed_in(rows) if end.stalled and not end.lost else ()
-        added = fold.unfinished_rows(rows, stalled_after=stall)
-        if end.lost:
-            added = [{**row, "message": end.lost, "details": end.lost} for row in added]
-            added = added or _lost_replay_row(cmd, rows, label, end.lost, devices)
-        return ProcessResult(
-            label, end.returncode, rows + added, end.stalled, log, malformed, inside
-        )
+        if end.interrupted:  # the tests it was cut off in get no verdict
+            cut = fold.RunOutcome(label, end.returncode)
+            raise Interrupted(ProcessResult(label, fold.finished_rows(rows), cut, log, malformed))
+        killed = fold.killed(rows)
+        if end.lost and not killed:
+            killed = _lost_in(sequence, rows)
+        outcome = fold.RunOutcome(
+            label, end.returncode, stalled_after=self.options.stall_limit if end.stalled else None,
+            lost=end.lost, killed=killed, gpu=devices[0] if len(devices) == 1 else "",
+        )  # fmt: skip
+        return ProcessResult(label, rows, outcome, log, malformed)
 
     def kill_all(self) -> None:
         self.stopping.set()
         self.executor.kill_all()
 
 
-def _lost_replay_row(
-    cmd: Sequence[str], rows: Sequence[Record], label: str, why: str, devices: Sequence[str]
-) -> list[Record]:
-    """A crash row for the first test of a lost replay that left no row (the process was
-    in it, or about to be); none for a whole-suite run, whose order is not known here."""
-    files = [arg.split("=", 1)[1] for arg in cmd if arg.startswith("--capsafe-replay=")]
-    try:
-        sequence = order.read_replay(files[0]) if files else []
-    except OSError:
-        return []
+def _lost_in(sequence: Sequence[str], rows: Sequence[Record]) -> tuple[fold.Killed, ...]:
+    """The first test of a lost replay that left no row (the process was in it, or about
+    to be); none for a whole-suite run, whose order is not known here."""
     seen = {row["nodeid"] for row in rows}
     for index, nodeid in enumerate(sequence):
         if nodeid not in seen:
-            now = time.time()
-            return [{
-                "nodeid": nodeid, "phase": "call", "outcome": "failed", "duration": 0.0,
-                "run_id": label, "seed": None, "worker": "main", "index": index, "pid": 0,
-                "signals": [Signal.CRASH], "message": why, "details": why, "start": now,
-                "stop": now, "time": now, "gpu": devices[0] if len(devices) == 1 else "",
-            }]  # fmt: skip
-    return []
+            return (fold.Killed(nodeid, "", index=index, at=time.time()),)
+    return ()
 
 
 def last_line(log: Path, *, past_counts: bool = False) -> str:

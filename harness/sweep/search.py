@@ -14,7 +14,7 @@ Strategy, cheapest first:
    needed together: delta debugging (ddmin) over the whole prefix finds a
    1-minimal set, within `ddmin_cap` replays (the result says when it stopped there).
 Total for a single culprit among n: at most ceil(log2 n) + 2 replays. The sweep
-then verifies what was found, K times each way (harness.sweep.phases), counted apart.
+then verifies what was found, K times each way (harness.sweep.searches), counted apart.
 """
 
 from __future__ import annotations

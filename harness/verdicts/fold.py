@@ -6,6 +6,12 @@ crash or timeout signal is on any of its rows; its outcome is the first of the r
 format's OUTCOMES among its phases. Every reader that asks "did this test fail here, and
 how" (the evidence, the replays' outcomes, the heat map, failures by GPU, the per-test
 outcome column) asks an `Attempt`.
+
+How a process ended is a fact beside its rows, not rows made up to look recorded: a
+`RunOutcome` (its exit code, the watchdog's kill, the executor's loss, the tests it was
+in) is folded in with the rows, so a test its process died in is a failed attempt with
+the crash (or, killed by the watchdog, the timeout) signal, and records.jsonl holds only
+what test processes wrote.
 """
 
 from __future__ import annotations
@@ -38,35 +44,100 @@ class Attempt:
     gpu: str = ""  # the one device its process was pinned to, "" if none
 
 
-def attempts(rows: Iterable[Record]) -> dict[tuple[str, str], Attempt]:
-    """Fold rows into one Attempt per (run_id, nodeid)."""
+@dataclass(frozen=True)
+class Killed:
+    """A test its process was in when the process ended: set up, never torn down (and no
+    crash row from xdist's controller), or, for a replay lost with no row of it, the
+    test of its sequence it was in or about to start."""
+
+    nodeid: str
+    phase: str  # the last phase it recorded; "" when it recorded none
+    index: int = -1  # its position in the replayed sequence, when it recorded no row
+    at: float = 0.0  # when the sweep saw the process end, for a test with no row
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How one test process ended, as the sweep saw it (harness.sweep.runner)."""
+
+    run_id: str
+    returncode: int
+    stalled_after: float | None = None  # the watchdog killed it after so many silent seconds
+    lost: str = ""  # why the executor lost it (a Ray node died, twice); "" when it did not
+    killed: tuple[Killed, ...] = ()  # the tests it was in when it ended
+    gpu: str = ""  # the one device it was pinned to, "" if none
+
+    @property
+    def stalled(self) -> bool:
+        return self.stalled_after is not None
+
+    @property
+    def signal(self) -> Signal:
+        """What a test it died in gets: timed out when the watchdog killed it, else crashed."""
+        return Signal.CRASH if self.stalled_after is None else Signal.TIMEOUT
+
+    @property
+    def message(self) -> str:
+        """The failure message of a test it died in."""
+        if self.lost:
+            return self.lost
+        if self.stalled_after is None:
+            return UNFINISHED_MESSAGE
+        return STALLED_MESSAGE.format(seconds=self.stalled_after)
+
+
+def attempts(
+    rows: Iterable[Record], ends: Iterable[RunOutcome] = ()
+) -> dict[tuple[str, str], Attempt]:
+    """Fold rows into one Attempt per (run_id, nodeid), with how their processes ended."""
     grouped: dict[tuple[str, str], list[Record]] = {}
     for row in rows:
         grouped.setdefault((row["run_id"], row["nodeid"]), []).append(row)
-    return {key: _fold(group) for key, group in grouped.items()}
+    died = {(end.run_id, k.nodeid): (end, k) for end in ends for k in end.killed}
+    found = {key: _fold(group, died.get(key, (None, None))[0]) for key, group in grouped.items()}
+    for key, (end, killed) in died.items():
+        if key not in found:
+            found[key] = _unrecorded(end, killed)
+    return found
 
 
-def _fold(rows: list[Record]) -> Attempt:
+def _fold(rows: list[Record], died: RunOutcome | None) -> Attempt:
     # The test process's own rows know its position; the controller's crash row
     # may come from another pid, so prefer the rows that carry an index it ran at.
     own = [r for r in rows if Signal.CRASH not in r["signals"]] or rows
     first = min(own, key=lambda r: r["time"])
     failing = [r for r in rows if _failed(r)]
+    signals = {s for r in rows for s in r["signals"]}
+    outcomes = [r["outcome"] for r in rows]
+    message = next((r["message"] for r in failing if r["message"]), "")
+    if died is not None:  # its process ended while it ran
+        signals.add(died.signal)
+        outcomes.append("failed")
+        message = message or died.message
     return Attempt(
         nodeid=first["nodeid"],
         run_id=first["run_id"],
-        failed=bool(failing),
-        signals=frozenset(s for r in rows for s in r["signals"]),
+        failed=bool(failing) or died is not None,
+        signals=frozenset(signals),
         worker=first["worker"],
         pid=first["pid"],
         index=first["index"],
         start=min(r["time"] for r in rows),
         seed=first["seed"],
-        message=next((r["message"] for r in failing if r["message"]), ""),
+        message=message,
         stop=max(float(r.get("stop", r["time"])) for r in rows),
-        outcome=fold_outcome(r["outcome"] for r in rows),
+        outcome=fold_outcome(outcomes),
         gpu=next((r["gpu"] for r in rows if r.get("gpu")), ""),
     )
+
+
+def _unrecorded(end: RunOutcome, killed: Killed) -> Attempt:
+    """A test of a lost replay that recorded nothing: crashed where the process ended."""
+    return Attempt(
+        nodeid=killed.nodeid, run_id=end.run_id, failed=True, signals=frozenset({end.signal}),
+        worker="main", pid=0, index=killed.index, start=killed.at, seed=None,
+        message=end.message, stop=killed.at, outcome="failed", gpu=end.gpu,
+    )  # fmt: skip
 
 
 def _failed(row: Record) -> bool:
@@ -85,28 +156,16 @@ def unfinished(rows: Sequence[Record]) -> list[list[Record]]:
     ]
 
 
-def unfinished_rows(rows: Sequence[Record], *, stalled_after: float | None = None) -> list[Record]:
-    """Rows to add for tests whose process ended mid-test.
+def killed(rows: Sequence[Record]) -> tuple[Killed, ...]:
+    """The tests a process's rows show it was in when it ended, each with its last phase.
 
-    Without xdist no controller survives to report a dead process, so the
-    sweep reads the death off the rows: such a test crashed, or, when the sweep
-    killed a stalled process (`stalled_after` seconds without progress), timed out.
+    Without xdist no controller survives to report a dead process, so where it died is
+    read off its rows: set up, never torn down.
     """
-    signal = Signal.CRASH if stalled_after is None else Signal.TIMEOUT
-    message = (
-        UNFINISHED_MESSAGE
-        if stalled_after is None
-        else STALLED_MESSAGE.format(seconds=stalled_after)
+    return tuple(
+        Killed(group[0]["nodeid"], max(group, key=lambda r: r["time"])["phase"])
+        for group in unfinished(rows)
     )
-    added: list[Record] = []
-    for group in unfinished(rows):
-        last = max(group, key=lambda r: r["time"])
-        signals = sorted({*last["signals"], signal})
-        added.append(
-            {**last, "phase": "call", "outcome": "failed", "duration": 0.0, "signals": signals,
-             "message": message}
-        )  # fmt: skip
-    return added
 
 
 def finished_rows(rows: Sequence[Record]) -> list[Record]:

@@ -59,7 +59,7 @@ def test_answer_key_names_collected_tests(name: str) -> None:
 def test_key_sweep_puts_the_cause_first_in_some_run(name: str) -> None:
     """With the key's sweep settings (one process per run), at least one run orders the
     polluter or state-setter before its test, so the key's answer is reachable."""
-    from capsafe_harness.sweep.phases import run_seeds
+    from capsafe_harness.sweep.runs import run_seeds
 
     suite = SUITES / name
     key = json.loads((suite / "answer_key.json").read_text())

@@ -13,13 +13,11 @@ import pytest
 
 from capsafe_harness.records import Record
 from capsafe_harness.report import history, tables
-from capsafe_harness.report.render import (
-    pairs,
-    render_html,
-    render_markdown,
-    search_bound,
-    write_reports,
-)
+from capsafe_harness.report.html_page import render_html
+from capsafe_harness.report.markdown import render_markdown
+from capsafe_harness.report.render import write_reports
+from capsafe_harness.report.shared import pairs, search_bound
+from capsafe_harness.report.summary import SearchRecord, Summary, TestVerdict
 
 SUITE = "/home/me/proj/tests"
 
@@ -48,13 +46,23 @@ def summary(
     tests: Iterable[dict[str, Any]],
     searches: Iterable[dict[str, Any]] = (),
     notes: Iterable[str] = (),
-) -> dict[str, Any]:
+) -> Summary:
+    """A typed Summary, as the sweep hands the report, from the entries' fields."""
+    verdicts = [TestVerdict(**{**VERDICT_DEFAULTS, **t, "flake_rate_ci": tuple(t["flake_rate_ci"])})
+                for t in tests]  # fmt: skip
     counts: dict[str, int] = {}
-    for t in tests:
-        counts[t["classification"]] = counts.get(t["classification"], 0) + 1
-    return {"runs": 4, "workers": 2, "seeds": [1, 2, 3, 4], "backend": "sim",
-            "duration_s": 12.5, "tests": list(tests), "counts": counts,
-            "searches": list(searches), "notes": list(notes)}  # fmt: skip
+    for v in verdicts:
+        counts[v.classification] = counts.get(v.classification, 0) + 1
+    found = [SearchRecord(**{**SEARCH_DEFAULTS, **s}) for s in searches]
+    return Summary(runs=4, workers=2, seeds=[1, 2, 3, 4], shuffles=["global", "module"] * 2,
+                   backend="sim", duration_s=12.5,
+                   tests=verdicts, counts=counts, searches=found, notes=list(notes))  # fmt: skip
+
+
+VERDICT_DEFAULTS: dict[str, Any] = {"why": "", "detection_chance": None, "unconfirmed": [],
+                                    "concurrent": [], "message": ""}  # fmt: skip
+SEARCH_DEFAULTS: dict[str, Any] = {"kind": "polluter", "verification_replays": 0,
+                                   "culprits": [], "verified": False, "capped": False}  # fmt: skip
 
 
 TESTS = [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from capsafe.integrations import NAMES
 from capsafe_harness.plugin import phase_times
 from capsafe_harness.plugin.protect import FRAMEWORKS
 from capsafe_harness.sweep.capture_sweep import CapturePhases, neighbor_args, protect_choice
+from capsafe_harness.sweep.host import Replayed
 from capsafe_harness.sweep.options import SweepError
 from capsafe_harness.verdicts.evidence import CaptureEvidence
 from capsafe_harness.verdicts.fold import Attempt
@@ -36,9 +38,24 @@ class FakeHost:
         self.batches: list[tuple[tuple[str, ...], bool, tuple[str, ...]]] = []
         self.protected: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
         self.installed = installed
+        self.notes: list[str] = []
 
     def frameworks(self) -> tuple[str, ...]:
         return self.installed
+
+    def replay(
+        self, sequence: Sequence[str], *, seed: int | None, kind: str,
+        extra: Sequence[str] = (), exclusive: bool = False, group: object = None,
+    ) -> Replayed:  # fmt: skip
+        """What a test process would make of the options the capture phases give it."""
+        options = dict(arg.split("=", 1) for arg in extra)
+        found = self.batch(
+            sequence, neighbors=options.get("--capsafe-neighbors") != "0",
+            calls=[c for c in options.get("--capsafe-neighbor-calls", "").split(",") if c],
+            seed=seed, kind=kind,
+            protect=[p for p in options.get("--capsafe-protect", "").split(",") if p],
+        )  # fmt: skip
+        return Replayed(kind, {a.nodeid: a for a in found.values()}, 0, bool(found), Path("log"))
 
     def batch(
         self, tests: Sequence[str], *, neighbors: bool, calls: Sequence[str], seed: int | None,
@@ -58,10 +75,22 @@ class FakeHost:
             out[(kind, t)] = attempt(t, failed, capture=broke or t == "always", run=kind)
         return out
 
-    def pool(self, desc: str, jobs: Sequence[Any], work: Callable[[Any, int], list[Any]]) -> None:
+    def pool(
+        self, desc: str, jobs: Sequence[Any], work: Callable[[Any, int], list[Any]],
+        target: Callable[[Any], str | None] | None = None,
+    ) -> None:  # fmt: skip
         queue = list(jobs)
         while queue:
             queue += work(queue.pop(0), 0)
+
+    def only(self) -> AbstractContextManager[object]:
+        return nullcontext(object())
+
+    def budget_left(self) -> bool:
+        return True
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
 
 
 def phases_after_suite_runs() -> CapturePhases:
@@ -175,7 +204,7 @@ def test_capture_unsafe_tests_are_rerun_protected_batched_then_alone(
     three_unsafe: tuple[CapturePhases, FakeHost],
 ) -> None:
     phases, host = three_unsafe
-    phases.protect(host, "cupy", 2, [1, 2])
+    phases.protect(host, "cupy", 2, [1, 2], frameworks=host.frameworks)
     everyone = ("bypass", "cap", "flaky_in_batch")
     assert (
         host.protected
@@ -199,7 +228,7 @@ def test_protect_none_does_no_protected_reruns(
     three_unsafe: tuple[CapturePhases, FakeHost],
 ) -> None:
     phases, host = three_unsafe
-    phases.protect(host, "none", 2, [1, 2])
+    phases.protect(host, "none", 2, [1, 2], frameworks=host.frameworks)
     assert host.protected == []
     fields = phases.test_fields("cap", "pytest t.py")
     assert (fields["survived"], fields["protected_runs"]) == (None, 0)
@@ -211,13 +240,13 @@ def test_auto_without_a_framework_gives_no_verdict(
 ) -> None:
     phases, _ = three_unsafe
     host = FakeHost(installed=())
-    phases.protect(host, "auto", 2, [1, 2])
+    phases.protect(host, "auto", 2, [1, 2], frameworks=host.frameworks)
     assert host.protected == []
     fields = phases.test_fields("bypass", "pytest t.py")
     assert (fields["survived"], fields["protect"]) == (None, [])
     assert fields["protection"].startswith("with protection: no capsafe integration applies")
     auto = FakeHost(installed=("cuda_core",))
-    phases.protect(auto, "auto", 1, [1])
+    phases.protect(auto, "auto", 1, [1], frameworks=auto.frameworks)
     assert {p for _, p in auto.protected} == {("cuda_core",)}
 
 
@@ -249,7 +278,9 @@ def test_protected_reruns_that_run_no_test_give_no_verdict(
         ) -> dict[tuple[str, str], Attempt]:
             return {} if protect else super().batch(tests, protect=protect, **kwargs)
 
-    phases.protect(CannotInstall(), "cupy", 2, [1, 2])
+    cannot = CannotInstall()
+    phases.protect(cannot, "cupy", 2, [1, 2], frameworks=cannot.frameworks)
+    assert cannot.notes and "the protected rerun ran no test" in cannot.notes[0]
     fields = phases.test_fields("cap", "pytest t.py")
     assert (fields["survived"], fields["protected_runs"]) == (None, 0)
     assert fields["protection"] == (

@@ -124,9 +124,10 @@ def test_a_worker_lost_twice_is_a_crash_of_its_test_on_that_node(
     killer = "test_killer.py::test_kills_its_worker_every_time"
     test = {t["nodeid"]: t for t in json.loads((out / "summary.json").read_text())["tests"]}[killer]
     assert (test["classification"], test["signals"]) == ("fail", ["crash"])
-    crashes = [r for r in read_records(out / "records.jsonl") if "crash" in r["signals"]]
-    assert {r["run_id"] for r in crashes} == {"run-1", "alone-1"}
-    assert all(r["nodeid"] == killer and "lost with Ray node" in r["message"] for r in crashes)
+    assert test["message"].startswith("lost with Ray node")
+    processes = json.loads((out / "sweep.json").read_text())["processes"]
+    lost = {n for n, fact in processes.items() if "lost with Ray node" in fact.get("lost", "")}
+    assert lost == {"run-1", "alone-1"}
     log = (out / "raw" / "run-1.log").read_text()
     assert "run-1 attempt 1 on Ray node" in log and "run again" in log
     assert "WorkerCrashedError" in log
@@ -290,7 +291,8 @@ def test_a_lost_replay_without_a_row_in_flight_crashes_its_first_unfinished_test
     write_replay(replay, ["a.py::t1", "a.py::t2", "a.py::t3"])
     cmd = runner.pytest_command(["a.py"], tmp_path / "raw" / "replay-1", "replay-1", seed=1,
                                 workers=0, replay_file=replay)  # fmt: skip
-    result = runner.run("replay-1", cmd)
-    crashed = [r for r in result.rows if "crash" in r["signals"]]
-    assert [(r["nodeid"], r["index"], r["gpu"]) for r in crashed] == [("a.py::t2", 1, "3")]
-    assert crashed[0]["message"].startswith("lost with Ray node n1")
+    result = runner.run("replay-1", cmd, sequence=["a.py::t1", "a.py::t2", "a.py::t3"])
+    assert not any("crash" in r["signals"] for r in result.rows)  # no row is made up
+    crashed = [a for a in result.attempts().values() if "crash" in a.signals]
+    assert [(a.nodeid, a.index, a.gpu) for a in crashed] == [("a.py::t2", 1, "3")]
+    assert crashed[0].message.startswith("lost with Ray node n1")

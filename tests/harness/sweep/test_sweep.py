@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from capsafe_harness.sweep.options import SweepOptions
-from capsafe_harness.sweep.phases import run_seeds
 from capsafe_harness.sweep.run import run_sweep
 from capsafe_harness.sweep.runner import last_line, suite_root
+from capsafe_harness.sweep.runs import run_seeds
 
 FAST = ("--", "-p", "no:run-parallel", "-p", "no:hypothesispytest")  # lighter test processes
 REPORT_FILES = ("records.jsonl", "tests.csv", "summary.json", "report.md", "report.html")

@@ -12,11 +12,13 @@ from capsafe_harness.records import Record
 from capsafe_harness.verdicts.catalogue import CATALOGUE, CLASSES, classify, docs_table, severity
 from capsafe_harness.verdicts.evidence import Evidence
 from capsafe_harness.verdicts.fold import (
+    Killed,
+    RunOutcome,
     attempts,
     concurrent_with,
+    killed,
     process_sequence,
     run_sequence,
-    unfinished_rows,
 )
 from capsafe_harness.verdicts.stats import flake_rate, wilson_interval
 
@@ -137,18 +139,45 @@ def test_attempts_are_per_run() -> None:
     assert not found["run-1", "a"].failed and found["run-2", "a"].failed
 
 
-def test_unfinished_test_is_a_crash_or_a_stall_timeout() -> None:
+def test_a_test_its_process_died_in_is_a_crash_or_a_stall_timeout() -> None:
     rows = [*full("done"), row("dying", "setup", index=1, time=5.0)]
-    (added,) = unfinished_rows(rows)
-    assert added["nodeid"] == "dying" and added["outcome"] == "failed"
-    assert added["signals"] == ["crash"]
-    (stalled,) = unfinished_rows(rows, stalled_after=30)
-    assert stalled["signals"] == ["timeout"] and "30s" in stalled["message"]
+    assert killed(rows) == (Killed("dying", "setup"),)
+    died = attempts(rows, [RunOutcome("run-1", -9, killed=killed(rows))])
+    assert (died["run-1", "dying"].failed, died["run-1", "dying"].outcome) == (True, "failed")
+    assert died["run-1", "dying"].signals == {"crash"}
+    assert died["run-1", "dying"].message == "the test process died while this test ran"
+    assert not died["run-1", "done"].failed and "crash" not in died["run-1", "done"].signals
+    stalled = attempts(rows, [RunOutcome("run-1", -9, stalled_after=30, killed=killed(rows))])
+    assert stalled["run-1", "dying"].signals == {"timeout"}
+    assert "30s" in stalled["run-1", "dying"].message
+    assert not attempts(rows)["run-1", "dying"].failed  # its rows alone say nothing failed
+
+
+def test_the_end_of_a_process_is_folded_only_into_its_own_run() -> None:
+    rows = [row("t", "setup", run="run-1"), *full("t", run="run-2")]
+    found = attempts(rows, [RunOutcome("run-1", -9, killed=killed(rows))])
+    assert found["run-1", "t"].failed and not found["run-2", "t"].failed
+
+
+def test_a_test_that_failed_before_its_process_died_keeps_its_own_message() -> None:
+    rows = [row("t", "setup"), row("t", "call", "failed", message="boom", time=1.0)]
+    (attempt,) = attempts(rows, [RunOutcome("run-1", 1, lost="lost", killed=killed(rows))]).values()
+    assert (attempt.message, set(attempt.signals)) == ("boom", {"crash"})
+
+
+def test_a_lost_replay_s_test_with_no_row_is_a_crash_where_it_stood() -> None:
+    end = RunOutcome("replay-1", -9, lost="lost with node n1", gpu="3",
+                     killed=(Killed("b", "", index=1, at=9.0),))  # fmt: skip
+    found = attempts(full("a", run="replay-1"), [end])
+    b = found["replay-1", "b"]
+    assert (b.failed, set(b.signals), b.index, b.gpu, b.start) == (True, {"crash"}, 1, "3", 9.0)
+    assert b.message == "lost with node n1" and b.outcome == "failed"
+    assert list(found) == [("replay-1", "a"), ("replay-1", "b")]
 
 
 def test_crash_already_reported_by_the_controller_is_not_doubled() -> None:
     rows = [row("a", "setup"), row("a", "call", "failed", signals=["crash"])]
-    assert unfinished_rows(rows) == []
+    assert killed(rows) == ()
 
 
 def test_process_sequence_is_the_same_process_before_the_victim() -> None:

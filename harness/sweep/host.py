@@ -1,0 +1,207 @@
+"""The one door the phases use to run tests: the `Host` protocol, and the sweep's own.
+
+Modelled on pytest-xdist's scheduler protocol (`xdist.scheduler.protocol.Scheduling`, a
+`typing.Protocol` its controller drives): the alone reruns (harness.sweep.isolation),
+the cause searches (harness.sweep.searches, .parallel) and the capture phases
+(harness.sweep.capture_sweep) ask a `Host` to replay a sequence of tests in one fresh
+process, to run a pool of jobs on --workers threads, whether budget is left, and to
+note something for the report. None of them touches the runner, the progress bar or
+the labels of the processes; a test drives them with a fake host.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..plugin import order
+from ..records import Signal
+from ..verdicts.fold import Attempt
+from .options import SweepOptions
+from .runner import PYTEST_NO_RUN, Runner
+from .store import EvidenceStore
+
+Work = Callable[[Any, int], list[Any]]
+"""A pool job's work: `work(job, i)` (i: how many jobs started before it) returns more jobs."""
+
+
+class BudgetSpent(Exception):
+    """Raised inside a search when --budget runs out between two replays."""
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """One replay process: its tests' attempts by node id, and how pytest exited."""
+
+    label: str
+    attempts: dict[str, Attempt]
+    returncode: int
+    ran: bool  # it recorded at least one row
+    log: Path
+
+    def outcome(self, target: str) -> tuple[bool | None, frozenset[str]]:
+        """(did `target` fail?, its signals); failed is None when it did not run at all."""
+        return target_outcome(self.attempts.get(target), self.returncode)
+
+
+def target_outcome(attempt: Attempt | None, returncode: int) -> tuple[bool | None, frozenset[str]]:
+    """A replayed test's (failed?, signals) from its attempt and its process's exit code;
+    failed is None when it did not run at all (not collected, usage error)."""
+    if attempt is not None:
+        return attempt.failed, attempt.signals
+    if returncode in PYTEST_NO_RUN:
+        return None, frozenset()
+    return True, frozenset({Signal.CRASH})  # the process died before the test reported: a crash
+
+
+class Host(Protocol):
+    """What a phase needs of the sweep that runs it."""
+
+    def replay(
+        self,
+        sequence: Sequence[str],
+        *,
+        seed: int | None,
+        kind: str,
+        extra: Sequence[str] = (),
+        exclusive: bool = False,
+        group: object = None,
+    ) -> Replayed:
+        """Run `sequence`, in this order, in one fresh process (no xdist) labelled after
+        `kind`, with `extra` pytest options; `exclusive`: with no other test process alive;
+        `group`: a token of `only()`, whose processes run beside each other alone."""
+        ...
+
+    def only(self) -> AbstractContextManager[object]:
+        """A token for processes that run side by side with no other process alive."""
+        ...
+
+    def pool(
+        self, desc: str, jobs: Sequence[Any], work: Work,
+        target: Callable[[Any], str | None] | None = None,
+    ) -> None:  # fmt: skip
+        """Run jobs on up to --workers threads; a job returns more jobs to queue. Once the
+        budget is spent no job starts, and the test each one left would explain
+        (`target` of the job) is marked budget-cut."""
+        ...
+
+    def budget_left(self) -> bool: ...
+
+    def note(self, text: str) -> None:
+        """A line for the report's notes."""
+        ...
+
+
+def pool_width(options: SweepOptions) -> int:
+    """Threads of a pool, so processes at once: reruns are single-process, so without
+    xdist a sweep still uses a few cores for them."""
+    return options.workers or min(4, os.cpu_count() or 1)
+
+
+class SweepHost:
+    """The `Host` of a sweep: processes through its runner, evidence into its store."""
+
+    def __init__(
+        self, options: SweepOptions, runner: Runner, store: EvidenceStore, bar: Any,
+        started: float,
+    ) -> None:  # fmt: skip
+        self.options = options
+        self.runner = runner
+        self.store = store
+        self.bar = bar
+        self.started = started
+        self._labels = 0
+        self._lock = threading.Lock()
+
+    def label(self, kind: str) -> str:
+        """The next process label of `kind` ("alone-7"; a shard's: "alone-s2-7")."""
+        with self._lock:
+            self._labels += 1
+            shard = self.options.shard  # shards' labels never collide in a merge
+            return f"{kind}-s{shard.index}-{self._labels}" if shard else f"{kind}-{self._labels}"
+
+    def replay(
+        self,
+        sequence: Sequence[str],
+        *,
+        seed: int | None,
+        kind: str,
+        extra: Sequence[str] = (),
+        exclusive: bool = False,
+        group: object = None,
+    ) -> Replayed:
+        if self.runner.stopping.is_set():
+            raise KeyboardInterrupt
+        sequence = list(sequence)
+        label = self.label(kind)
+        raw = self.store.raw
+        replay_file = raw / "replays" / f"{label}.txt"
+        order.write_replay(replay_file, sequence)
+        cmd = self.runner.pytest_command(
+            self.runner.replay_targets(sequence), raw / label, label, seed=seed,
+            workers=0, replay_file=replay_file, extra=extra,
+        )  # fmt: skip
+        if self.bar.total is not None:
+            self.bar.total += len(sequence)
+        result = self.runner.run(label, cmd, exclusive=exclusive, group=group, sequence=sequence)
+        self.store.take(result)
+        found = {a.nodeid: a for (run, _), a in result.attempts().items() if run == label}
+        return Replayed(label, found, result.returncode, bool(result.rows), result.log)
+
+    @contextmanager
+    def only(self) -> Iterator[object]:
+        with self.runner.only() as group:
+            yield group
+
+    def budget_left(self) -> bool:
+        budget = self.options.budget
+        return budget is None or time.monotonic() - self.started < budget
+
+    def note(self, text: str) -> None:
+        self.store.note(text)
+
+    def skip_for_budget(self, what: str, count: int) -> None:
+        if count:
+            self.note(f"budget of {self.options.budget:g}s spent: skipped {count} {what}")
+
+    def pool(
+        self, desc: str, jobs: Sequence[Any], work: Work,
+        target: Callable[[Any], str | None] | None = None,
+    ) -> None:  # fmt: skip
+        width = pool_width(self.options)
+        queue = list(jobs)
+        started, skipped = 0, 0
+        with concurrent.futures.ThreadPoolExecutor(width) as pool:
+            pending: set[concurrent.futures.Future[list[Any]]] = set()
+            try:
+                while queue or pending:
+                    while queue and len(pending) < width:
+                        if not self.budget_left():
+                            for job in queue:
+                                test = None if target is None else target(job)
+                                if test is not None:
+                                    self.store.ev(test).budget_cut = True
+                            skipped, queue = len(queue), []
+                            break
+                        pending.add(pool.submit(work, queue.pop(0), started))
+                        started += 1
+                    if not pending:
+                        break
+                    done, pending = concurrent.futures.wait(
+                        pending, timeout=0.2, return_when=concurrent.futures.FIRST_COMPLETED
+                    )
+                    for future in done:
+                        queue += future.result()
+            except BaseException:
+                self.runner.kill_all()
+                for future in pending:
+                    future.cancel()
+                raise
+        self.skip_for_budget(desc, skipped)

@@ -1,0 +1,306 @@
+"""Phase 3, searches: the cause of every failure that isolation did not explain.
+
+For a test that fails in the suite but never alone, replay what ran before it to find
+the polluter; for one that fails alone but passes in the suite, the state-setter
+(harness.sweep.search holds the bisection and ddmin). A cause counts only once verified
+VERIFY_TIMES times each way; a verified cause is then tried on the victim's module
+siblings and on every failing test: a polluter is screened against whole modules in one
+replay each, and each hit gets a trial. A victim no polluter explains goes to the
+parallel check (harness.sweep.parallel). Every process goes through the sweep's `Host`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from ..plugin import order
+from ..report.summary import SearchRecord
+from ..verdicts import fold
+from ..verdicts.evidence import VERIFY_TIMES
+from . import search
+from .capture_sweep import CapturePhases
+from .host import BudgetSpent, Host
+from .isolation import Isolation
+from .parallel import ParallelCheck
+from .store import EvidenceStore
+
+MAX_PREFIXES = 2  # failing (or passing) runs whose prefix a search tries before widening
+
+Job = tuple[str, ...]
+"""(kind, test), ("trial", kind, culprits..., test) or ("screen", kind, culprits..., module)."""
+
+
+def explained_test(job: Job) -> str | None:
+    """The test a search job would explain (None for a module's screen)."""
+    return None if job[0] == "screen" else job[-1]
+
+
+class Searches:
+    """The cause searches of one sweep, through its host, into its store."""
+
+    def __init__(
+        self, host: Host, store: EvidenceStore, capture: CapturePhases, isolation: Isolation,
+        parallel: ParallelCheck,
+    ) -> None:  # fmt: skip
+        self.host = host
+        self.store = store
+        self.capture = capture
+        self.isolation = isolation  # its alone reruns count towards a verification
+        self.parallel = parallel
+        self._busy: set[str] = set()  # tests a search or trial is explaining right now
+        self._tried: set[tuple[str, ...]] = set()  # (culprits..., test) trials already run
+        self._sibling_trials: set[tuple[str, ...]] = set()  # (module, cause...) screened
+        self._screen_prefixes: dict[str, tuple[int | None, list[str]]] = {}  # what a screen ran
+        self._screen_searched: set[str] = set()  # tests searched from their screen's prefix
+        self._lock = store.lock  # one lock over the evidence and what the searches hold
+
+    def jobs(self) -> list[Job]:
+        """(kind, test) for every test whose verdict needs a cause search."""
+        jobs: list[Job] = []
+        for nodeid, ev in sorted(self.store.evidence.items()):
+            if not ev.failures or not ev.isolation_runs or self.capture.capture_unsafe(nodeid):
+                continue
+            if not ev.ever_failed_alone:
+                jobs.append(("polluter", nodeid))
+            elif ev.always_failed_alone:
+                jobs.append(("state-setter", nodeid))
+        return jobs
+
+    def run(self) -> None:
+        self.host.pool("cause searches", self.jobs(), self._job, target=explained_test)
+
+    def _job(self, job: Job, _: int) -> list[Job]:
+        kind, nodeid = job[0], job[-1]
+        if kind == "screen":
+            return self._screen_module(job[1], tuple(job[2:-1]), nodeid)
+        if not self._claim(nodeid):
+            return []
+        try:
+            if kind == "trial":
+                return self._trial(job[1], tuple(job[2:-1]), nodeid)
+            return self._search(kind, nodeid)
+        finally:
+            with self._lock:
+                self._busy.discard(nodeid)
+
+    def _claim(self, nodeid: str) -> bool:
+        """Take `nodeid` to explain; False when it is explained already or being explained."""
+        with self._lock:
+            self.store.ev(nodeid)
+            if nodeid in self._busy or self.store.explained(nodeid):
+                return False
+            self._busy.add(nodeid)
+            return True
+
+    def _replay(self, before: Sequence[str], target: str, seed: int | None, kind: str,
+                *, exclusive: bool = False) -> bool | None:  # fmt: skip
+        """Did `target` fail, run after `before` in one fresh process? None: it did not run."""
+        done = self.host.replay([*before, target], seed=seed, kind=kind, exclusive=exclusive)
+        return done.outcome(target)[0]
+
+    def _oracle(self, nodeid: str, want_failed: bool, seed: int | None) -> search.Oracle:
+        def oracle(tests: Sequence[str]) -> bool:
+            if not self.host.budget_left():
+                raise BudgetSpent
+            return self._replay(tests, nodeid, seed, "replay") is want_failed
+
+        return oracle
+
+    def _search(self, kind: str, nodeid: str) -> list[Job]:
+        """Try the prefixes most likely to hold the cause, stop at the first that reproduces
+        and verifies; then try the cause on other tests (returned as trial jobs)."""
+        want_failed = kind == "polluter"
+        tried: list[list[str]] = []
+        replays, candidates, capped = 0, 0, False
+        with self.store.lock:
+            hints = [c for k, c in self.store.causes if k == kind]
+        for seed, prefix in self._prefixes(nodeid, want_failed):
+            if prefix in tried or not prefix:
+                continue
+            tried.append(prefix)
+            try:
+                result = search.search(
+                    nodeid, prefix, self._oracle(nodeid, want_failed, seed), hints=hints
+                )
+            except BudgetSpent:
+                self.host.note(f"budget spent during the {kind} search for {nodeid}")
+                self.store.ev(nodeid).budget_cut = True
+                break
+            hints = []
+            replays += result.replays
+            candidates = max(candidates, result.candidates)
+            capped |= result.capped
+            if result.reproduced:
+                verified, spent = self._verify(kind, result.culprits, nodeid, seed)
+                self._record(SearchRecord(nodeid, kind, candidates, replays, spent,
+                                          list(result.culprits), verified, capped))  # fmt: skip
+                if verified:
+                    return self._trials(kind, result.culprits, nodeid)
+                with self.store.lock:
+                    self.store.ev(nodeid).unconfirmed = list(result.culprits)
+                break
+        else:
+            self._record(SearchRecord(nodeid, kind, candidates, replays, 0, [], False, capped))
+        if capped:
+            self.host.note(
+                f"{nodeid}: the {kind} search stopped at its cap of {search.DDMIN_CAP} ddmin "
+                "replays"
+            )
+        if want_failed:
+            self.parallel.check(nodeid)
+        return []
+
+    def _verify(
+        self, kind: str, culprits: Sequence[str], nodeid: str, seed: int | None
+    ) -> tuple[bool, int]:
+        """(culprits reproduce K times with no other process alive, and the test alone does
+        the opposite K times?, replays spent). Alone runs already done count towards K."""
+        want_failed = kind == "polluter"
+        spent = 0
+        ev = self.store.ev(nodeid)
+        for _ in range(VERIFY_TIMES):
+            if not self.host.budget_left():
+                ev.budget_cut = True
+                return False, spent
+            spent += 1
+            if self._replay(culprits, nodeid, seed, "verify", exclusive=True) is not want_failed:
+                return False, spent
+
+        def alone_agrees() -> bool:  # a polluter's victim never fails alone, a brittle test always
+            return not ev.ever_failed_alone if want_failed else ev.always_failed_alone
+
+        while ev.isolation_runs < VERIFY_TIMES and alone_agrees():
+            if not self.host.budget_left():
+                ev.budget_cut = True
+                return False, spent
+            failed, signals, replays, _ = self.isolation.alone(nodeid, seed)
+            spent += replays
+            if failed is None:
+                return False, spent
+            with self.store.lock:
+                ev.isolation_runs += 1
+                ev.isolation_failures += failed
+                ev.signals |= signals
+        if not alone_agrees():
+            return False, spent
+        with self.store.lock:
+            if want_failed:
+                ev.polluters = list(culprits)
+            else:
+                ev.state_setters = list(culprits)
+            self.store.causes.append((kind, tuple(culprits)))
+        return True, spent
+
+    def _trials(self, kind: str, culprits: Sequence[str], victim: str) -> list[Job]:
+        """Jobs that try a verified cause on other tests. A polluter is screened against every
+        module once (the victim's first, then those holding failing tests): cleaners hide
+        victims from shuffled runs, and a test that never failed may be one. A state-setter is
+        tried on the tests that always failed alone."""
+        if kind == "polluter":
+            failing = {order.module_of(n) for n in self._failing(kind)}
+            modules = list(dict.fromkeys(order.module_of(n) for n in self.store.collected))
+            modules.sort(key=lambda m: (m != order.module_of(victim), m not in failing))
+            with self._lock:
+                fresh = [m for m in modules if (m, *culprits) not in self._sibling_trials]
+                self._sibling_trials.update((m, *culprits) for m in fresh)
+            return [("screen", kind, *culprits, m) for m in fresh]
+        return self._screened(
+            kind, culprits, [n for n in self._failing(kind) if n != victim and n not in culprits]
+        )
+
+    def _failing(self, kind: str) -> list[str]:
+        """Tests that failed in the suite and alone as a `kind` would explain: a polluter's
+        victims never fail alone, a state-setter's always do."""
+        with self.store.lock:
+            return [
+                n for n, ev in self.store.evidence.items()
+                if ev.failures and ev.isolation_runs and ev.collect_error is None
+                and (ev.always_failed_alone if kind == "state-setter" else not ev.ever_failed_alone)
+            ]  # fmt: skip
+
+    def _screen_module(self, kind: str, culprits: tuple[str, ...], module: str) -> list[Job]:
+        tests = [
+            n for n in self.store.collected if order.module_of(n) == module and n not in culprits
+        ]
+        return self._screened(kind, culprits, tests)
+
+    def _first_seed(self) -> int | None:
+        return self.store.seeds[0] if self.store.seeds else None
+
+    def _screened(self, kind: str, culprits: Sequence[str], tests: list[str]) -> list[Job]:
+        """Trial jobs for the unexplained tests that, in one replay of the cause then all of
+        `tests`, did what the cause explains: one replay screens a module, each trial
+        verifies. Explained tests stay in the replay (one may be a victim's second
+        polluter), and what ran before a target is kept: when the cause alone does not
+        reproduce, the target's search starts from it."""
+        targets = [n for n in tests if not self.store.explained(n)]
+        if not targets or len(tests) < 2 or not self.host.budget_left():  # the trial screens
+            return [("trial", kind, *culprits, n) for n in targets]
+        seed = self._first_seed()
+        sequence = [*culprits, *tests]
+        found = self.host.replay(sequence, seed=seed, kind="screen").attempts
+        want_failed = kind == "polluter"
+        hit = [n for n in targets if n not in found or found[n].failed is want_failed]
+        with self._lock:
+            for n in hit:
+                self._screen_prefixes.setdefault(n, (seed, sequence[: sequence.index(n)]))
+        return [("trial", kind, *culprits, n) for n in hit]
+
+    def _trial(self, kind: str, culprits: tuple[str, ...], nodeid: str) -> list[Job]:
+        """One replay of a known cause before another test; verified like any search."""
+        ev = self.store.ev(nodeid)
+        with self._lock:
+            if (*culprits, nodeid) in self._tried:
+                return []
+            self._tried.add((*culprits, nodeid))
+        if kind == "polluter" and ev.ever_failed_alone:
+            return []
+        seed = self._first_seed()
+        oracle = self._oracle(nodeid, kind == "polluter", seed)
+        try:
+            if len(culprits) == 1:
+                reproduced, replays = oracle(culprits), 1
+            else:  # another test's cause may hold more than this one needs: minimise it
+                found = search.search(nodeid, culprits, oracle)
+                reproduced, replays = found.reproduced, found.replays
+                culprits = found.culprits if found.reproduced else culprits
+        except BudgetSpent:
+            return []
+        verified, spent = self._verify(kind, culprits, nodeid, seed) if reproduced else (False, 0)
+        if reproduced:
+            self._record(SearchRecord(nodeid, "trial", len(culprits), replays, spent,
+                                      list(culprits), verified, False))  # fmt: skip
+        if verified:
+            return self._trials(kind, culprits, nodeid)
+        with self._lock:  # the screen reproduced it with more before it: search that
+            searched = nodeid in self._screen_searched or nodeid not in self._screen_prefixes
+            self._screen_searched.add(nodeid)
+        return [] if reproduced or searched else [(kind, nodeid)]
+
+    def _record(self, record: SearchRecord) -> None:
+        with self.store.lock:
+            self.store.searches.append(record)
+
+    def _prefixes(self, nodeid: str, want_failed: bool) -> Iterable[tuple[int | None, list[str]]]:
+        """(seed, candidates) to search, best first: the test's own process in runs where it
+        did what we explain, then everything that ran before it in that run, then what
+        precedes it in the project's own order, then every other test with modules (and
+        classes) kept together and the test's module last, so module- and class-scoped
+        fixtures live as in the project's own order."""
+        every = self.store.run_attempts
+        run_ids = self.store.run_ids
+        collected = self.store.collected
+        mine = [a for a in every.values() if a.nodeid == nodeid and a.failed is want_failed]
+        mine.sort(key=lambda a: run_ids.index(a.run_id))
+        with self._lock:
+            screened = self._screen_prefixes.get(nodeid) if want_failed else None
+        if screened is not None:
+            yield screened
+        for attempt in mine[:MAX_PREFIXES]:
+            yield attempt.seed, fold.process_sequence(every, attempt)
+        for attempt in mine[:1]:
+            yield attempt.seed, fold.run_sequence(every, attempt)
+        if nodeid in collected:  # the project's own order
+            yield None, list(collected[: collected.index(nodeid)])
+        others = [n for n in collected if n != nodeid]
+        yield self._first_seed(), search.grouped(others, order.module_of(nodeid))
