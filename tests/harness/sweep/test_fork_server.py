@@ -1,0 +1,328 @@
+"""The fork server (issue 21): a replay forked from a collected pytest is a fresh replay.
+
+The fresh process stays the reference: the same launch, built by the sweep's Runner,
+runs once through `LocalExecutor` (a new interpreter) and once through `ForkExecutor`
+(a child of a fork server), and the rows must agree on everything but pids and times.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from capsafe_harness.plugin import order
+from capsafe_harness.records import Record, load_records
+from capsafe_harness.sweep import fork_checks
+from capsafe_harness.sweep.executor import LocalExecutor
+from capsafe_harness.sweep.fork_client import ForkServer, Refused
+from capsafe_harness.sweep.fork_executor import ForkExecutor, split_replay
+from capsafe_harness.sweep.fork_server import Job
+from capsafe_harness.sweep.options import SweepOptions
+from capsafe_harness.sweep.runner import ProcessResult, Runner
+
+SUITES = Path(__file__).resolve().parents[3] / "repro" / "suites"
+PLANTED = sorted(p.parent.name for p in SUITES.glob("*/answer_key.json"))
+QUIET = ("-p", "no:run-parallel", "-p", "no:hypothesispytest")
+TIMEOUT = 3.0  # pytest-timeout in the replays: the hang suite's test waits this long
+
+
+def make_runner(suite: Path, raw: Path, executor: LocalExecutor) -> Runner:
+    options = SweepOptions(paths=(suite,), out=raw.parent, seed=1, timeout=TIMEOUT,
+                           invoked_from=suite, pytest_args=QUIET, progress=False)  # fmt: skip
+    runner = Runner(options, raw, executor=executor)
+    runner.rootdir, runner.inifile = suite, str(suite / "pytest.ini")
+    return runner
+
+
+def replay(runner: Runner, label: str, sequence: Sequence[str], seed: int | None) -> ProcessResult:
+    """One replay as the sweep's phases run it (phases.Sweep._replay_sequence)."""
+    replay_file = runner.raw / "replays" / f"{label}.txt"
+    order.write_replay(replay_file, sequence)
+    cmd = runner.pytest_command(runner.replay_targets(sequence), runner.raw / label, label,
+                                seed=seed, workers=0, replay_file=replay_file)  # fmt: skip
+    return runner.run(label, cmd)
+
+
+def comparable(rows: Sequence[Record]) -> list[tuple[Any, ...]]:
+    """A row without what differs between any two processes: pids, times, durations."""
+    return [
+        (r["nodeid"], r["phase"], r["outcome"], r["index"], r["run_id"], r["seed"],
+         r["worker"], tuple(r["signals"]), r["message"], r.get("env_leak"))
+        for r in sorted(rows, key=lambda r: (r["index"], r["nodeid"], r["time"]))
+    ]  # fmt: skip
+
+
+@pytest.fixture
+def forks(tmp_path: Path) -> Iterator[ForkExecutor]:
+    executor = ForkExecutor([os.curdir], tmp_path / "servers", start_timeout=120)
+    yield executor
+    executor.close()
+
+
+def collected(suite: Path) -> list[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", *QUIET, "-p", "no:xdist"],
+        cwd=suite, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    return [line for line in done.stdout.splitlines() if "::" in line]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", PLANTED)
+def test_a_forked_replay_writes_the_rows_a_fresh_one_does(
+    name: str, tmp_path: Path, forks: ForkExecutor
+) -> None:
+    suite = SUITES / name
+    sequence = order.shuffled(collected(suite), 7, "global")
+    assert sequence
+    results = []
+    for path, executor in (("fresh", LocalExecutor()), ("forked", forks)):
+        runner = make_runner(suite, tmp_path / path / "raw", executor)
+        results.append(replay(runner, "alone-1", sequence, seed=7))
+    fresh, forked = results
+    assert forks.refusals == {}
+    assert (forks.forked, forks.fresh) == (1, 0)
+    assert comparable(forked.rows) == comparable(fresh.rows)
+    assert forked.returncode == fresh.returncode
+    assert forked.killed_in == fresh.killed_in
+
+
+POLLUTED = {
+    "state.py": "SEEN: list[str] = []\n",
+    "test_a.py": (
+        "import os, state\n"
+        "def test_pollute():\n"
+        "    state.SEEN.append('x')\n"
+        "    os.environ['CAPSAFE_POLLUTED'] = '1'\n"
+        "def test_clean():\n"
+        "    assert state.SEEN == [] and 'CAPSAFE_POLLUTED' not in os.environ\n"
+    ),
+}
+
+
+def write_suite(root: Path, files: dict[str, str]) -> Path:
+    root.mkdir(parents=True)
+    (root / "pytest.ini").write_text("[pytest]\n")
+    for name, text in files.items():
+        (root / name).write_text(text)
+    return root
+
+
+def test_a_polluters_effect_does_not_leak_into_the_next_job(
+    tmp_path: Path, forks: ForkExecutor
+) -> None:
+    suite = write_suite(tmp_path / "suite", POLLUTED)
+    runner = make_runner(suite, tmp_path / "raw", forks)
+    polluted = replay(runner, "seq-1", ["test_a.py::test_pollute", "test_a.py::test_clean"], 3)
+    clean = replay(runner, "alone-1", ["test_a.py::test_clean"], 3)
+    assert forks.forked == 2
+    assert [(r["nodeid"], r["outcome"]) for r in polluted.rows if r["phase"] == "call"] == [
+        ("test_a.py::test_pollute", "passed"), ("test_a.py::test_clean", "failed")
+    ]  # fmt: skip
+    assert [r["outcome"] for r in clean.rows] == ["passed", "passed", "passed"]
+    assert polluted.returncode == 1 and clean.returncode == 0
+
+
+def start(suite: Path, tmp_path: Path, env: dict[str, str] | None = None) -> ForkServer:
+    args = ["-p", "capsafe", "-p", "no:xdist", *QUIET, "-q", "--timeout=60"]
+    return ForkServer.start(args, suite, env or dict(os.environ), tmp_path / "server", 120)
+
+
+def job(tmp_path: Path, label: str, nodeids: Sequence[str]) -> Job:
+    return Job(job=label, nodeids=tuple(nodeids), records=str(tmp_path / label),
+               run_id=label, log=str(tmp_path / f"{label}.log"))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("conftest", "reason"),
+    [
+        ("import threading, time\n"
+         "threading.Thread(target=time.sleep, args=(60,), name='poller', daemon=True).start()\n",
+         "1 other thread(s) alive after collection: poller"),
+        ("import sys, types\n"
+         "torch = types.ModuleType('torch')\n"
+         "torch.cuda = types.SimpleNamespace(is_initialized=lambda: True)\n"
+         "sys.modules['torch'] = torch\n",
+         "CUDA is initialised in this process (torch.cuda.is_initialized())"),
+        ("import os\ndelattr(os, 'fork')\n", "this platform has no os.fork"),
+    ],
+    ids=["thread", "cuda", "no-fork"],
+)  # fmt: skip
+def test_an_unsafe_server_refuses_and_the_replay_runs_fresh(
+    conftest: str, reason: str, tmp_path: Path, forks: ForkExecutor
+) -> None:
+    suite = write_suite(tmp_path / "suite", {**POLLUTED, "conftest.py": conftest})
+    with pytest.raises(Refused) as refused:
+        start(suite, tmp_path).close()
+    assert refused.value.reason == reason
+    runner = make_runner(suite, tmp_path / "raw", forks)
+    result = replay(runner, "alone-1", ["test_a.py::test_clean"], None)
+    assert [r["outcome"] for r in result.rows] == ["passed", "passed", "passed"]
+    assert (forks.forked, forks.fresh) == (0, 1)
+    assert list(forks.refusals.values()) == [reason]
+    assert any(reason in line for line in forks.notes())
+
+
+def test_the_checks_name_a_live_thread_and_pass_without_one() -> None:
+    assert fork_checks.cuda_in_use() is None
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, name="holder")
+    thread.start()
+    try:
+        assert fork_checks.fork_refusal() == "1 other thread(s) alive after collection: holder"
+    finally:
+        stop.set()
+        thread.join()
+
+
+DYING = {
+    "test_d.py": (
+        "import os, time\n"
+        "def test_first(): pass\n"
+        "def test_exits(): os._exit(3)\n"
+        "def test_hangs(): time.sleep(600)\n"
+        "def test_after(): pass\n"
+    ),
+}
+
+
+def test_a_child_that_calls_os_exit_ends_as_a_fresh_process_would(
+    tmp_path: Path, forks: ForkExecutor
+) -> None:
+    suite = write_suite(tmp_path / "suite", DYING)
+    sequence = ["test_d.py::test_first", "test_d.py::test_exits", "test_d.py::test_after"]
+    results = [
+        replay(make_runner(suite, tmp_path / path / "raw", executor), "alone-1", sequence, 1)
+        for path, executor in (("fresh", LocalExecutor()), ("forked", forks))
+    ]
+    fresh, forked = results
+    assert forks.forked == 1
+    assert forked.returncode == fresh.returncode == 3
+    assert comparable(forked.rows) == comparable(fresh.rows)
+    assert [(r["nodeid"], r["outcome"], r["signals"]) for r in forked.rows[-1:]] == [
+        ("test_d.py::test_exits", "failed", ["crash"])
+    ]  # fmt: skip
+
+
+def test_a_hung_child_is_killed_by_the_watchdog_with_its_rows_kept(
+    tmp_path: Path, forks: ForkExecutor
+) -> None:
+    suite = write_suite(tmp_path / "suite", DYING)
+    options = SweepOptions(paths=(suite,), out=tmp_path, seed=1, timeout=600, stall_s=3,
+                           invoked_from=suite, pytest_args=QUIET, progress=False)  # fmt: skip
+    runner = Runner(options, tmp_path / "raw", executor=forks)
+    runner.rootdir, runner.inifile = suite, str(suite / "pytest.ini")
+    result = replay(runner, "alone-1", ["test_d.py::test_first", "test_d.py::test_hangs"], 1)
+    assert forks.forked == 1
+    assert result.stalled and result.returncode == -signal.SIGKILL
+    assert result.killed_in == ("test_d.py::test_hangs",)
+    assert [(r["nodeid"], r["phase"], r["outcome"]) for r in result.rows][:3] == [
+        ("test_d.py::test_first", p, "passed") for p in ("setup", "call", "teardown")
+    ]
+
+
+def test_killing_one_of_two_concurrent_jobs_leaves_the_other_running(tmp_path: Path) -> None:
+    suite = write_suite(tmp_path / "suite", DYING)
+    server = start(suite, tmp_path)
+    try:
+        hung = server.submit(job(tmp_path, "hung", ["test_d.py::test_hangs"]))
+        fine = server.submit(job(tmp_path, "fine", ["test_d.py::test_first"]))
+        assert fine.wait(120) == 0
+        assert hung.returncode is None  # still asleep beside the other
+        hung.kill()
+        assert hung.wait(120) == -signal.SIGKILL
+        setup = [r for r in load_records(tmp_path / "hung")[0] if r["phase"] == "setup"]
+        assert [r["outcome"] for r in setup] == ["passed"]
+    finally:
+        server.close()
+
+
+OVERLAP = {
+    "test_pair.py": (
+        "import os, time\n"
+        "from pathlib import Path\n"
+        "def meet(me, other):\n"
+        "    shared = Path(os.environ['CAPSAFE_SWEEP_SHARED'])\n"
+        "    (shared / me).touch()\n"
+        "    end = time.monotonic() + 60\n"
+        "    while not (shared / other).exists():\n"
+        "        assert time.monotonic() < end, 'the other job never ran beside this one'\n"
+        "        time.sleep(0.01)\n"
+        "def test_left(): meet('left', 'right')\n"
+        "def test_right(): meet('right', 'left')\n"
+    ),
+}
+
+
+def test_two_jobs_run_concurrently_as_a_pair_run_needs(tmp_path: Path) -> None:
+    suite = write_suite(tmp_path / "suite", OVERLAP)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    server = start(suite, tmp_path, {**os.environ, "CAPSAFE_SWEEP_SHARED": str(shared)})
+    try:
+        left = server.submit(job(tmp_path, "left", ["test_pair.py::test_left"]))
+        right = server.submit(job(tmp_path, "right", ["test_pair.py::test_right"]))
+        assert (left.wait(120), right.wait(120)) == (0, 0)
+        assert left.pid != right.pid
+    finally:
+        server.close()
+
+
+def test_a_job_naming_an_uncollected_test_is_a_usage_error_as_in_a_fresh_process(
+    tmp_path: Path,
+) -> None:
+    suite = write_suite(tmp_path / "suite", POLLUTED)
+    server = start(suite, tmp_path)
+    try:
+        missing = server.submit(job(tmp_path, "missing", ["test_a.py::test_gone"]))
+        assert missing.wait(120) == pytest.ExitCode.USAGE_ERROR
+        log = (tmp_path / "missing.log").read_text()
+        assert "1 listed test(s) were not collected: test_a.py::test_gone" in log
+    finally:
+        server.close()
+
+
+def test_a_dead_server_ends_its_jobs_as_lost_and_kills_their_children(tmp_path: Path) -> None:
+    suite = write_suite(tmp_path / "suite", DYING)
+    server = start(suite, tmp_path)
+    hung = server.submit(job(tmp_path, "hung", ["test_d.py::test_hangs"]))
+    os.kill(server.proc.pid, signal.SIGKILL)
+    assert hung.wait(120) == -signal.SIGKILL
+    assert hung.lost.startswith("the fork server died")
+    end = time.monotonic() + 60
+    while _alive(hung.pid) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert not _alive(hung.pid)
+    server.close()
+    with pytest.raises(Refused):
+        server.submit(job(tmp_path, "late", ["test_d.py::test_first"]))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_only_single_process_replays_are_split_for_a_server() -> None:
+    base = [sys.executable, "-m", "pytest", "test_a.py", "-p", "capsafe", "--rootdir=/s"]
+    job_args = ["--capsafe-records=/r/x", "--capsafe-run-id=x", "--capsafe-replay=/r/x.txt"]
+    split = split_replay([*base, *job_args, "--capsafe-seed=4", "-p", "no:xdist", "-q"])
+    assert split is not None
+    assert split.server_args == ("-p", "capsafe", "--rootdir=/s", "-p", "no:xdist", "-q")
+    assert (split.records, split.run_id, split.replay_file, split.seed) == (
+        "/r/x", "x", "/r/x.txt", 4
+    )  # fmt: skip
+    assert split_replay([*base, *job_args, "-n=2"]) is None  # xdist workers: a suite run
+    assert split_replay([*base, *job_args[:2], "-p", "no:xdist"]) is None  # not a replay
