@@ -16,6 +16,9 @@ initialisation leaves, and is conservative where it cannot know:
   on the simulated backend, where a fresh process would have made its own);
 - torch loaded with `torch.cuda.is_initialized()` true (a query that initialises nothing).
 
+Native threads cannot be named; those of a loaded OpenBLAS's pool are allowed (see
+`_openblas_workers`), any beyond its size refuse.
+
 CuPy and cuda.core have no such query; an initialisation of theirs is seen by the
 device-file check. Where /proc is missing (not Linux), the device-file and native-thread
 checks cannot be made and the answer is a refusal: the server falls back.
@@ -23,6 +26,7 @@ checks cannot be made and the answer is a refusal: the server falls back.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 import threading
@@ -32,6 +36,7 @@ __all__ = ["cuda_in_use", "fork_refusal", "other_threads"]
 
 PROC_SELF = Path("/proc/self")
 NVIDIA_DEVICES = "/dev/nvidia"
+OPENBLAS_PREFIXES = ("", "scipy_")  # OpenBLAS's own build, and numpy's and SciPy's wheels
 
 
 def fork_refusal() -> str | None:
@@ -51,12 +56,35 @@ def other_threads() -> str | None:
     if named:
         return f"{len(named)} other thread(s) alive after collection: {', '.join(named)}"
     try:
-        tasks = len(os.listdir(PROC_SELF / "task"))
+        native = len(os.listdir(PROC_SELF / "task")) - 1
     except OSError:
         return "cannot count this process's native threads (no /proc/self/task)"
-    if tasks > 1:
-        return f"{tasks - 1} native thread(s) besides the main one alive after collection"
+    if native > _openblas_workers():
+        return f"{native} native thread(s) besides the main one alive after collection"
     return None
+
+
+def _openblas_workers() -> int:
+    """How many worker threads a loaded OpenBLAS may run (0 without one): numpy starts
+    them on import. They are not a fork hazard: OpenBLAS stops its pool in the parent
+    before every fork (its pthread_atfork handler) and restarts it on use. Native
+    threads cannot be told apart, so up to this many are taken to be its workers."""
+    try:
+        maps = (PROC_SELF / "maps").read_text()
+    except OSError:
+        return 0
+    libraries = {line.split()[-1] for line in maps.splitlines() if "openblas" in line.lower()}
+    for path in sorted(p for p in libraries if p.startswith("/")):
+        try:
+            library = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        except OSError:
+            continue
+        for prefix in OPENBLAS_PREFIXES:
+            for suffix in ("", "64_"):
+                query = getattr(library, f"{prefix}openblas_get_num_threads{suffix}", None)
+                if query is not None:
+                    return max(0, int(query()) - 1)  # the calling thread is the pool's first
+    return 0
 
 
 def cuda_in_use() -> str | None:

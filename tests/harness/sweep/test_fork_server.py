@@ -148,6 +148,8 @@ def job(tmp_path: Path, label: str, nodeids: Sequence[str]) -> Job:
         ("import threading, time\n"
          "threading.Thread(target=time.sleep, args=(60,), name='poller', daemon=True).start()\n",
          "1 other thread(s) alive after collection: poller"),
+        ("import _thread, time\n_thread.start_new_thread(time.sleep, (60,))\ntime.sleep(0.1)\n",
+         "1 native thread(s) besides the main one alive after collection"),
         ("import sys, types\n"
          "torch = types.ModuleType('torch')\n"
          "torch.cuda = types.SimpleNamespace(is_initialized=lambda: True)\n"
@@ -155,7 +157,7 @@ def job(tmp_path: Path, label: str, nodeids: Sequence[str]) -> Job:
          "CUDA is initialised in this process (torch.cuda.is_initialized())"),
         ("import os\ndelattr(os, 'fork')\n", "this platform has no os.fork"),
     ],
-    ids=["thread", "cuda", "no-fork"],
+    ids=["thread", "native-thread", "cuda", "no-fork"],
 )  # fmt: skip
 def test_an_unsafe_server_refuses_and_the_replay_runs_fresh(
     conftest: str, reason: str, tmp_path: Path, forks: ForkExecutor
@@ -170,6 +172,18 @@ def test_an_unsafe_server_refuses_and_the_replay_runs_fresh(
     assert (forks.forked, forks.fresh) == (0, 1)
     assert list(forks.refusals.values()) == [reason]
     assert any(reason in line for line in forks.notes())
+
+
+def test_openblas_workers_started_by_numpy_do_not_refuse_a_fork(
+    tmp_path: Path, forks: ForkExecutor
+) -> None:
+    pytest.importorskip("numpy")
+    conftest = "import numpy\nnumpy.ones((64, 64)) @ numpy.ones((64, 64))\n"
+    suite = write_suite(tmp_path / "suite", {**POLLUTED, "conftest.py": conftest})
+    runner = make_runner(suite, tmp_path / "raw", forks)
+    result = replay(runner, "alone-1", ["test_a.py::test_clean"], None)
+    assert [r["outcome"] for r in result.rows] == ["passed", "passed", "passed"]
+    assert (forks.forked, forks.fresh, forks.refusals) == (1, 0, {})
 
 
 def test_the_checks_name_a_live_thread_and_pass_without_one() -> None:
