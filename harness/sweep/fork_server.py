@@ -22,13 +22,17 @@ import-time side effects of the suite happen once, in the server, before any job
 (a file a module creates on import is shared by all jobs); the server collects every
 path of the suite where a fresh replay collects only the files of its tests; every
 child shares the server's hash seed (PYTHONHASHSEED); the child runs the atexit
-handlers registered after the fork only (those of import time stay the server's).
+handlers registered after the fork only (those of import time stay the server's); the
+objects alive after collection are frozen (`gc.freeze`, after one collection in the
+server), so a child's garbage collections skip them: pytest collects five times at
+session end, which in a child would otherwise walk, and so copy, the whole heap.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import json
 import os
 import select
@@ -110,6 +114,8 @@ class Server:
             self.send(event="refused", reason=reason)
             self.answered = True
             return True
+        gc.collect()  # the garbage of start-up and collection, once, here
+        gc.freeze()  # the rest is permanent: no child's collection walks (and copies) it
         self.send(event="ready", collected=len(session.items))
         self.answered = True
         job = self._serve()
