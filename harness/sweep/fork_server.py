@@ -195,6 +195,7 @@ def _become(session: pytest.Session, job: Job) -> None:
     os.environ.update(job.env)  # on what the suite's imports left (a conftest's setdefault)
     _redirect_output(job.log)
     config = session.config
+    _own_capture(config)
     session.testsfailed = 0  # collection errors of files a fresh replay would not collect
     session.shouldstop = session.shouldfail = False
     reporter = config.pluginmanager.get_plugin("terminalreporter")
@@ -222,6 +223,20 @@ def _become(session: pytest.Session, job: Job) -> None:
         session=session, config=config, items=session.items
     )
     manager.subset_hook_caller("pytest_collection_finish", others)(session=session)
+
+
+def _own_capture(config: pytest.Config) -> None:
+    """Give this child capture files of its own. pytest's global capture (what tests and
+    their fixtures print, reported with a failure) goes to temporary files opened once, in
+    the server, so every child would share them, and a child's read-and-truncate would eat
+    what a concurrent sibling captured. The old ones are dropped unread (reading would
+    truncate the shared file), and new ones started and suspended, as between tests."""
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if capture is None or getattr(capture, "_global_capturing", None) is None:
+        return  # -s / --capture=no: nothing shared
+    capture._global_capturing = None
+    capture.start_global_capturing()
+    capture.suspend_global_capture()
 
 
 def _redirect_output(log: str) -> None:

@@ -291,6 +291,37 @@ def test_two_jobs_run_concurrently_as_a_pair_run_needs(tmp_path: Path) -> None:
         server.close()
 
 
+CHATTY = {
+    "test_say.py": (
+        "import time\n"
+        "def say(me):\n"
+        "    for _ in range(50):\n"
+        "        print(f'<{me}>', flush=True)\n"
+        "        time.sleep(0.01)\n"
+        "    assert False, me\n"
+        "def test_one(): say('one')\n"
+        "def test_two(): say('two')\n"
+    ),
+}
+
+
+def test_concurrent_jobs_capture_their_own_output(tmp_path: Path) -> None:
+    """pytest's capture files are opened in the server: each child must have its own, or
+    one child's read-and-truncate eats what the other captured."""
+    suite = write_suite(tmp_path / "suite", CHATTY)
+    server = start(suite, tmp_path)
+    try:
+        handles = {me: server.submit(job(tmp_path, me, [f"test_say.py::test_{me}"]))
+                   for me in ("one", "two")}  # fmt: skip
+        assert [h.wait(120) for h in handles.values()] == [1, 1]
+    finally:
+        server.close()
+    for me, other in (("one", "two"), ("two", "one")):
+        log = (tmp_path / f"{me}.log").read_text()  # the failure's "Captured stdout call"
+        assert log.count(f"<{me}>") == 50
+        assert f"<{other}>" not in log
+
+
 def test_a_job_naming_an_uncollected_test_is_a_usage_error_as_in_a_fresh_process(
     tmp_path: Path,
 ) -> None:
