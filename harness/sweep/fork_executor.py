@@ -8,8 +8,8 @@ suite runs, anything with xdist workers) and every replay the servers refuse run
 fresh processes, exactly as in `LocalExecutor`.
 
 The launch is the same either way: its command line is split into the options a job
-sets for itself (records directory, run id, replay list, seed) and the rest, and the
-rest, with the suite's own targets in place of the replay's files, is the server's
+sets for itself (records directory, run id, replay list, seed, neighbour threads) and
+the rest, and the rest, with the suite's own targets in place of the replay's files, is the server's
 command line. One server runs per distinct rest, working directory and environment
 (so one per pinned GPU: CUDA_VISIBLE_DEVICES is in the environment), started on
 first use. A server that refuses is not asked again; `refusals` keeps its reason for
@@ -49,6 +49,8 @@ class Replay:
     run_id: str
     replay_file: str
     seed: int | None
+    neighbors: int = 0
+    neighbor_calls: str | None = None
 
 
 def split_replay(cmd: Sequence[str]) -> Replay | None:
@@ -66,7 +68,7 @@ def split_replay(cmd: Sequence[str]) -> Replay | None:
     for arg in args:
         name, _, value = arg.partition("=")
         if name in JOB_OPTIONS and value:
-            job[name] = value
+            job[name] = value  # the last one wins, as in pytest
         else:
             rest.append(arg)
     if not set(job) >= REQUIRED:
@@ -78,6 +80,8 @@ def split_replay(cmd: Sequence[str]) -> Replay | None:
         run_id=job["--capsafe-run-id"],
         replay_file=job["--capsafe-replay"],
         seed=None if seed is None else int(seed),
+        neighbors=int(job.get("--capsafe-neighbors", "0")),
+        neighbor_calls=job.get("--capsafe-neighbor-calls"),
     )
 
 
@@ -111,6 +115,8 @@ class ForkedProcess(WatchedProcess):
             seed=self.replay.seed,
             env={**self.overrides, SWEEP_TMP_ENV: scratch},
             replay_file=self.replay.replay_file,
+            neighbors=self.replay.neighbors,
+            neighbor_calls=self.replay.neighbor_calls,
         )
         try:
             self.proc = self.server.submit(job)

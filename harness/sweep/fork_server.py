@@ -8,14 +8,14 @@ read from a pipe (fork_client holds the other end): for each it checks that a fo
 is safe (fork_checks), forks, and reports the child's pid, later its exit status.
 
 The child becomes what a fresh `pytest --capsafe-replay` process is after its
-collection: a session of its own (the caller's watchdog kills its process group),
-the job's variables set in the environment, stdout and stderr into the job's log, the capsafe plugin
-registered anew with the job's records directory, run id and seed (so its records,
-marks and exit status are written as in a fresh process, by the same code), the
-replay order applied by the plugin's own hook, and then pytest's normal run loop,
-fixture setup and teardown, session finish and exit status. Module state is the
-state right after collection, copied on write: a test that changes it in one child
-leaves the next child's copy as it was.
+collection: a session of its own (the caller's watchdog kills its process group), the
+job's variables set in the environment, stdout and stderr into the job's log, capture
+files of its own, the capsafe plugin registered anew with the job's records directory,
+run id, seed and neighbour threads (so its records, marks and exit status are written
+as in a fresh process, by the same code), the replay order applied by the plugin's own
+hook, and then pytest's normal run loop, fixture setup and teardown, session finish
+and exit status. Module state is the state right after collection, copied on write: a
+test that changes it in one child leaves the next child's copy as it was.
 
 What differs from a fresh process (docs/harness.md, "The fork server"):
 import-time side effects of the suite happen once, in the server, before any job
@@ -54,8 +54,17 @@ __all__ = ["FDS_ENV", "JOB_OPTIONS", "MODULE", "Job", "main"]
 MODULE = "capsafe_harness.sweep.fork_server"
 FDS_ENV = "CAPSAFE_FORK_SERVER_FDS"
 """'JOBS,RESULTS': the pipe descriptors the server reads jobs from and answers on."""
-JOB_OPTIONS = ("--capsafe-records", "--capsafe-run-id", "--capsafe-replay", "--capsafe-seed")
-"""The options a job sets for itself; the server's command line carries none of them."""
+JOB_OPTIONS = (
+    "--capsafe-records",
+    "--capsafe-run-id",
+    "--capsafe-replay",
+    "--capsafe-seed",
+    "--capsafe-neighbors",
+    "--capsafe-neighbor-calls",
+)
+"""The options a job sets for itself; the server's command line carries none of them.
+Neighbour threads are the job's: they start after collection, so in the server they would
+be alive at every fork (and would have initialised CUDA there)."""
 SERVER_RUN_ID = "fork-server"
 POLL_S = 0.02
 JOB_PLUGINS = (PLUGIN_NAME, phase_times.PLUGIN_NAME, neighbor_run.PLUGIN_NAME)
@@ -75,6 +84,8 @@ class Job:
     seed: int | None = None
     env: dict[str, str] = field(default_factory=dict)  # set on top of the server's environment
     replay_file: str | None = None  # shown in the plugin's header only
+    neighbors: int = 0  # --capsafe-neighbors: threads started in the child after collection
+    neighbor_calls: str | None = None  # --capsafe-neighbor-calls
 
     def to_json(self) -> str:
         return json.dumps({"op": "run", **self.__dict__, "nodeids": list(self.nodeids)})
@@ -211,6 +222,7 @@ def _become(session: pytest.Session, job: Job) -> None:
     option.capsafe_records, option.capsafe_run_id = job.records, job.run_id
     option.capsafe_seed = None if job.seed is None else str(job.seed)
     option.capsafe_replay = None
+    option.capsafe_neighbors, option.capsafe_neighbor_calls = job.neighbors, job.neighbor_calls
     settings = replace(
         _resolve(config), replay=job.nodeids, replay_file=job.replay_file, shuffle="none"
     )

@@ -7,6 +7,7 @@ runs once through `LocalExecutor` (a new interpreter) and once through `ForkExec
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -27,7 +28,9 @@ from capsafe_harness.sweep.fork_client import ForkServer, Refused
 from capsafe_harness.sweep.fork_executor import ForkExecutor, split_replay
 from capsafe_harness.sweep.fork_server import Job
 from capsafe_harness.sweep.options import SweepOptions
+from capsafe_harness.sweep.phases import Sweep
 from capsafe_harness.sweep.runner import ProcessResult, Runner
+from capsafe_harness.sweep.state import prepare_out
 
 SUITES = Path(__file__).resolve().parents[3] / "repro" / "suites"
 PLANTED = sorted(p.parent.name for p in SUITES.glob("*/answer_key.json"))
@@ -96,6 +99,40 @@ def test_a_forked_replay_writes_the_rows_a_fresh_one_does(
     assert forked.killed_in == fresh.killed_in
 
 
+def sweep_summary(suite: Path, out: Path, fork: bool) -> tuple[dict[str, Any], list[str]]:
+    """A whole sweep of a planted suite with its answer key's options: each test's
+    verdict, and the fork executor's notes (none for a fresh sweep)."""
+    key = json.loads((suite / "answer_key.json").read_text())
+    options = SweepOptions(paths=(suite,), out=out, timeout=10, invoked_from=suite,
+                           pytest_args=QUIET, progress=False, **key.get("sweep", {}))  # fmt: skip
+    prepare_out(out, resume=False, force=False)
+    sweep = Sweep(options)
+    forks = ForkExecutor(sweep.runner.targets(), out / "servers", 600) if fork else None
+    if forks is not None:  # the seam the sweep will use: Runner.executor
+        sweep.runner.executor = forks
+    try:
+        sweep.execute()
+    finally:
+        if forks is not None:
+            forks.close()
+    tests = json.loads((out / "summary.json").read_text())["tests"]
+    verdicts = {t["nodeid"]: (t["classification"], t["polluters"], t["state_setters"],
+                              sorted(t["signals"])) for t in tests}  # fmt: skip
+    return verdicts, forks.notes() if forks is not None else []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("name", PLANTED)
+def test_a_sweep_with_the_fork_server_gives_the_summary_a_fresh_one_does(
+    name: str, tmp_path: Path
+) -> None:
+    fresh, _ = sweep_summary(SUITES / name, tmp_path / "fresh", fork=False)
+    forked, notes = sweep_summary(SUITES / name, tmp_path / "forked", fork=True)
+    assert forked == fresh
+    assert len(notes) == 1 and notes[0].endswith(", 0 run fresh")  # no refusal, no fallback
+
+
 POLLUTED = {
     "state.py": "SEEN: list[str] = []\n",
     "test_a.py": (
@@ -115,6 +152,30 @@ def write_suite(root: Path, files: dict[str, str]) -> Path:
     for name, text in files.items():
         (root / name).write_text(text)
     return root
+
+
+def test_neighbour_threads_start_in_the_child_and_the_server_still_forks(
+    tmp_path: Path, forks: ForkExecutor
+) -> None:
+    """Neighbours start after collection: in the server they would refuse every fork."""
+    suite = SUITES / "capture"
+    sequence = collected(suite)
+    results = []
+    for path, executor in (("fresh", LocalExecutor()), ("forked", forks)):
+        runner = make_runner(suite, tmp_path / path / "raw", executor)
+        replay_file = runner.raw / "replays" / "alone-1.txt"
+        order.write_replay(replay_file, sequence)
+        cmd = runner.pytest_command(runner.replay_targets(sequence), runner.raw / "alone-1",
+                                    "alone-1", seed=5, workers=0, replay_file=replay_file,
+                                    extra=("--capsafe-neighbors=1",))  # fmt: skip
+        results.append(runner.run("alone-1", cmd))
+        status = sorted(p.name for p in (runner.raw / "alone-1").glob("neighbors-*"))
+        assert len(status) == 1, status  # the neighbours' status file, written at their stop
+    fresh, forked = results
+    assert (forks.forked, forks.fresh, forks.refusals) == (1, 0, {})
+    assert [(r["nodeid"], r["phase"], r["outcome"]) for r in forked.rows] == [
+        (r["nodeid"], r["phase"], r["outcome"]) for r in fresh.rows
+    ]
 
 
 def test_a_polluters_effect_does_not_leak_into_the_next_job(
@@ -369,5 +430,10 @@ def test_only_single_process_replays_are_split_for_a_server() -> None:
     assert (split.records, split.run_id, split.replay_file, split.seed) == (
         "/r/x", "x", "/r/x.txt", 4
     )  # fmt: skip
+    neighbors = ["--capsafe-neighbors=2", "-p", "no:xdist", "--capsafe-neighbors=0"]
+    split = split_replay([*base, *job_args, *neighbors, "--capsafe-neighbor-calls=ctx_sync"])
+    assert split is not None and split.server_args == ("-p", "capsafe", "--rootdir=/s",
+                                                       "-p", "no:xdist")  # fmt: skip
+    assert (split.neighbors, split.neighbor_calls) == (0, "ctx_sync")  # the last one wins
     assert split_replay([*base, *job_args, "-n=2"]) is None  # xdist workers: a suite run
     assert split_replay([*base, *job_args[:2], "-p", "no:xdist"]) is None  # not a replay
