@@ -216,9 +216,11 @@ def job(tmp_path: Path, label: str, nodeids: Sequence[str]) -> Job:
          "torch.cuda = types.SimpleNamespace(is_initialized=lambda: True)\n"
          "sys.modules['torch'] = torch\n",
          "CUDA is initialised in this process (torch.cuda.is_initialized())"),
+        ("import os\nos.environ['CAPSAFE_BACKEND'] = 'sim'\nimport capsafe\ncapsafe.device(0)\n",
+         "capsafe devices exist in this process (made at import or collection)"),
         ("import os\ndelattr(os, 'fork')\n", "this platform has no os.fork"),
     ],
-    ids=["thread", "native-thread", "cuda", "no-fork"],
+    ids=["thread", "native-thread", "cuda", "capsafe-device", "no-fork"],
 )  # fmt: skip
 def test_an_unsafe_server_refuses_and_the_replay_runs_fresh(
     conftest: str, reason: str, tmp_path: Path, forks: ForkExecutor
