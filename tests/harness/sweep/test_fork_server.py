@@ -103,8 +103,9 @@ def sweep_summary(suite: Path, out: Path, fork: bool) -> tuple[dict[str, Any], l
     """A whole sweep of a planted suite with its answer key's options: each test's
     verdict, and the fork executor's notes (none for a fresh sweep)."""
     key = json.loads((suite / "answer_key.json").read_text())
-    options = SweepOptions(paths=(suite,), out=out, timeout=10, invoked_from=suite,
-                           pytest_args=QUIET, progress=False, **key.get("sweep", {}))  # fmt: skip
+    chosen = {"timeout": 10, **key.get("sweep", {})}  # as test_planted_suites: the key's win
+    options = SweepOptions(paths=(suite,), out=out, invoked_from=suite, pytest_args=QUIET,
+                           progress=False, **chosen)  # fmt: skip
     prepare_out(out, resume=False, force=False)
     sweep = Sweep(options)
     forks = ForkExecutor(sweep.runner.targets(), out / "servers", 600) if fork else None
