@@ -238,6 +238,33 @@ def test_an_unsafe_server_refuses_and_the_replay_runs_fresh(
     assert any(reason in line for line in forks.notes())
 
 
+@pytest.mark.cuda
+def test_a_collection_that_initialises_cuda_refuses_by_the_open_device(tmp_path: Path) -> None:
+    """cuInit from any library (here the driver itself, through ctypes) opens /dev/nvidia*."""
+    conftest = "import ctypes\nassert ctypes.CDLL('libcuda.so.1').cuInit(0) == 0\n"
+    suite = write_suite(tmp_path / "suite", {**POLLUTED, "conftest.py": conftest})
+    with pytest.raises(Refused) as refused:
+        start(suite, tmp_path).close()
+    assert refused.value.reason.startswith("CUDA is initialised in this process (/dev/nvidia")
+
+
+@pytest.mark.cuda
+def test_a_forked_child_initialises_cuda_itself(tmp_path: Path) -> None:
+    """No CUDA in the server: each child makes its own context, as a fresh process does."""
+    test = (
+        "import os\nos.environ['CAPSAFE_BACKEND'] = 'cuda'\nimport capsafe\n"
+        "def test_device():\n    assert capsafe.device(0).name\n"
+    )
+    suite = write_suite(tmp_path / "suite", {"test_gpu.py": test})
+    server = start(suite, tmp_path)
+    try:
+        codes = [server.submit(job(tmp_path, f"gpu{k}", ["test_gpu.py::test_device"])).wait(300)
+                 for k in range(2)]  # fmt: skip
+    finally:
+        server.close()
+    assert codes == [0, 0]
+
+
 def test_openblas_workers_started_by_numpy_do_not_refuse_a_fork(
     tmp_path: Path, forks: ForkExecutor
 ) -> None:
