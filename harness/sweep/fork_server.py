@@ -204,6 +204,7 @@ def _become(session: pytest.Session, job: Job) -> None:
     """Turn this forked child into a fresh replay process for `job`, right after collection."""
     atexit._clear()  # the server's handlers (import time) run once, in the server
     os.environ.update(job.env)  # on what the suite's imports left (a conftest's setdefault)
+    _reseed_numpy()
     _redirect_output(job.log)
     config = session.config
     _own_capture(config)
@@ -235,6 +236,16 @@ def _become(session: pytest.Session, job: Job) -> None:
         session=session, config=config, items=session.items
     )
     manager.subset_hook_caller("pytest_collection_finish", others)(session=session)
+
+
+def _reseed_numpy() -> None:
+    """numpy's global generator from fresh entropy, as numpy seeds it on import in a fresh
+    process (Python's `random` reseeds itself in a forked child). Without it every child
+    would draw the server's numbers: an unseeded random test would fail in all or none."""
+    numpy_random = sys.modules.get("numpy.random")
+    seed = getattr(numpy_random, "seed", None)
+    if callable(seed):
+        seed()
 
 
 def _own_capture(config: pytest.Config) -> None:

@@ -238,6 +238,32 @@ def test_an_unsafe_server_refuses_and_the_replay_runs_fresh(
     assert any(reason in line for line in forks.notes())
 
 
+def test_each_child_draws_its_own_random_numbers(tmp_path: Path) -> None:
+    """Unseeded (a replay without --capsafe-seed), each fresh process draws other numbers
+    from `random` and numpy's global generator; so must each child."""
+    pytest.importorskip("numpy")
+    test = (
+        "import os, random\nfrom pathlib import Path\nimport numpy.random\n"
+        "def test_draw():\n"
+        "    out = Path(os.environ['CAPSAFE_SWEEP_SHARED']) / str(os.getpid())\n"
+        "    out.write_text(f'{random.random()} {numpy.random.random()}')\n"
+    )
+    suite = write_suite(tmp_path / "suite", {"test_draw.py": test})
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    server = start(suite, tmp_path, {**os.environ, "CAPSAFE_SWEEP_SHARED": str(shared)})
+    try:
+        codes = [server.submit(job(tmp_path, f"draw{k}", ["test_draw.py::test_draw"])).wait(120)
+                 for k in range(3)]  # fmt: skip
+    finally:
+        server.close()
+    assert codes == [0, 0, 0]
+    draws = [p.read_text().split() for p in shared.iterdir()]
+    assert len(draws) == 3
+    for generator in range(2):  # random, then numpy
+        assert len({d[generator] for d in draws}) == 3
+
+
 @pytest.mark.cuda
 def test_a_collection_that_initialises_cuda_refuses_by_the_open_device(tmp_path: Path) -> None:
     """cuInit from any library (here the driver itself, through ctypes) opens /dev/nvidia*."""
