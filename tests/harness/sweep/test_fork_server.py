@@ -303,6 +303,35 @@ def test_openblas_workers_started_by_numpy_do_not_refuse_a_fork(
     assert (forks.forked, forks.fresh, forks.refusals) == (1, 0, {})
 
 
+LATE_THREAD = (
+    "import signal, threading, time\n"
+    "def late(signum, frame):\n"
+    "    threading.Thread(target=time.sleep, args=(60,), name='late', daemon=True).start()\n"
+    "signal.signal(signal.SIGUSR1, late)\n"
+)
+
+
+def test_a_job_the_server_declines_runs_as_a_fresh_process(
+    tmp_path: Path, forks: ForkExecutor
+) -> None:
+    """The checks run again before every fork: a thread the server started after it said
+    ready (here from a signal handler) declines the next job, which runs fresh."""
+    suite = write_suite(tmp_path / "suite", {**POLLUTED, "conftest.py": LATE_THREAD})
+    runner = make_runner(suite, tmp_path / "raw", forks)
+    first = replay(runner, "alone-1", ["test_a.py::test_clean"], None)
+    (server,) = (s for s in forks._servers.values() if s is not None)
+    os.kill(server.proc.pid, signal.SIGUSR1)
+    tasks, end = Path(f"/proc/{server.proc.pid}/task"), time.monotonic() + 60
+    while len(os.listdir(tasks)) < 2:  # the handler has run (between two polls of the loop)
+        assert time.monotonic() < end, "the server never started its late thread"
+        time.sleep(0.01)
+    second = replay(runner, "alone-2", ["test_a.py::test_clean"], None)
+    assert [r["outcome"] for r in first.rows + second.rows] == ["passed"] * 6
+    assert first.rows[0]["pid"] != second.rows[0]["pid"]
+    assert (forks.forked, forks.fresh) == (1, 1)
+    assert "1 other thread(s) alive after collection: late" in forks.refusals.values()
+
+
 def test_the_checks_name_a_live_thread_and_pass_without_one() -> None:
     assert fork_checks.cuda_in_use() is None
     stop = threading.Event()
