@@ -173,7 +173,7 @@ class ForkExecutor(LocalExecutor):
         def refused(reason: str) -> None:
             self._counted(fresh=1, forked=-1)
             with self._count:
-                self.refusals.setdefault(f"{launch.cwd} job {replay.run_id}", reason)
+                self.refusals.setdefault(f"{launch.cwd}, before a fork", reason)  # the first
 
         self._counted(forked=1)
         return ForkedProcess(server, replay, launch, env, refused)
@@ -188,11 +188,12 @@ class ForkExecutor(LocalExecutor):
         key = (str(launch.cwd), replay.server_args, tuple(sorted(launch.env.items())))
         with self._count:
             starting = self._starting.setdefault(key, threading.Lock())
+            number = len(self._starting)  # its own directory, whichever key starts first
         with starting:
             if key in self._servers:
                 server = self._servers[key]
                 return server if server is not None and server.alive else None
-            workdir = self.workdir / f"server-{len(self._servers)}"
+            workdir = self.workdir / f"server-{number}"
             scratch = workdir / "tmp"  # the server's own CAPSAFE_SWEEP_TMP: each job sets its own
             scratch.mkdir(parents=True, exist_ok=True)
             try:
