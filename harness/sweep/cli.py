@@ -158,6 +158,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "paths, or a shared filesystem)",
     )
     parser.add_argument(
+        "--fresh-processes",
+        action="store_true",
+        help="start every rerun, replay, screen and pair run in a new interpreter (the "
+        "reference path, and slower); by default they are forked from one pytest that "
+        "collected the suite once, and run fresh only where it cannot fork (the report "
+        "says why)",
+    )
+    parser.add_argument(
         "--address",
         default=None,
         metavar="ADDR",
@@ -283,6 +291,7 @@ def options_from(args: argparse.Namespace) -> SweepOptions:
         protect=capture_sweep.protect_choice(args.protect),
         shard=shard,
         executor=args.executor,
+        fork=not args.fresh_processes,
         address=args.address,
         gpus=devices,
     )

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, Any, Protocol
 
 from ..records import FILE_GLOB
 
@@ -62,6 +62,21 @@ class Exit:
     stalled: bool = False  # the watchdog killed it
     interrupted: bool = False  # stopped by Ctrl-C or `kill_all`
     lost: str = ""  # why the executor lost it (a Ray worker or node died), "" when it did not
+
+
+class Process(Protocol):
+    """What `WatchedProcess` needs of the process it watches: a `subprocess.Popen`, or a
+    fork server's child (fork_client.ForkedJob)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> Any: ...  # None while it runs: Popen's own type (`int | Any`)
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def kill(self) -> None: ...
 
 
 class Executor(Protocol):
@@ -114,7 +129,7 @@ class WatchedProcess:
         self.cmd, self.cwd, self.env = cmd, cwd, env
         self.records, self.log, self.stall_limit = records, log, stall_limit
         self.tail_log, self.min_interval = tail_log, min_interval
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: Process | None = None
         self._offsets: dict[Path, int] = {}
         self._out: IO[bytes] | None = None
         self._scratch = ""
@@ -214,9 +229,7 @@ class LocalExecutor:
     def execute(
         self, launch: Launch, on_tests: Callable[[int], None], stopping: threading.Event
     ) -> Exit:
-        env = {**os.environ, **launch.env}
-        proc = WatchedProcess(launch.cmd, launch.cwd, env, launch.records, launch.log,
-                              launch.stall_limit)  # fmt: skip
+        proc = self.watched(launch, {**os.environ, **launch.env})
         try:
             with self._lock:
                 self._live.add(proc)
@@ -231,6 +244,11 @@ class LocalExecutor:
             proc.close()
             with self._lock:
                 self._live.discard(proc)
+
+    def watched(self, launch: Launch, env: Mapping[str, str]) -> WatchedProcess:
+        """The process that runs `launch` (a subclass may run it elsewhere: fork_executor)."""
+        return WatchedProcess(launch.cmd, launch.cwd, env, launch.records, launch.log,
+                              launch.stall_limit)  # fmt: skip
 
     def kill_all(self) -> None:
         with self._lock:

@@ -111,6 +111,8 @@ class Sweep:
             self.store.note(f"interrupted ({stopped_by}): the report covers what ran before it")
         finally:
             self.bar.close()
+            for line in self.runner.close():
+                self.store.note(line)
         return self._finish(interrupted)
 
     def phases(self) -> list[tuple[str, Callable[[], None]]]:

@@ -43,6 +43,7 @@ from ..records import Record, load_records
 from ..verdicts import fold
 from .executor import SWEEP_SHARED_ENV, SWEEP_TMP_ENV, Executor, Launch
 from .executors import make_executor
+from .fork_executor import ForkExecutor
 from .optional_plugins import quiet_plugin_args
 from .options import SweepError, SweepOptions
 
@@ -161,13 +162,11 @@ class Runner:
         executor: Executor | None = None,
     ) -> None:
         self.options = options
-        self.executor = executor or make_executor(
-            options.executor, options.address, gpus=bool(options.gpus)
-        )
         self.raw = raw
         self.shared = raw / "shared"
         self.shared.mkdir(parents=True, exist_ok=True)
         self.cwd = run_directory(options.paths, options.invoked_from or Path.cwd())
+        self.executor = executor or self._default_executor()
         self.rootdir = self.cwd  # where node ids are relative to: set by `collect`
         self.inifile = ""  # the configuration file collection found: set by `collect`
         self.stopping = threading.Event()
@@ -324,9 +323,24 @@ class Runner:
         )  # fmt: skip
         return ProcessResult(label, rows, outcome, log, malformed)
 
+    def _default_executor(self) -> Executor:
+        """Local replays are forked from a fork server unless --fresh-processes (or Ray)."""
+        o = self.options
+        if o.executor == "local" and o.fork:
+            return ForkExecutor(self.targets(), self.raw / "fork-servers",
+                                start_timeout=max(600.0, o.stall_limit))  # fmt: skip
+        return make_executor(o.executor, o.address, gpus=bool(o.gpus))
+
     def kill_all(self) -> None:
         self.stopping.set()
         self.executor.kill_all()
+
+    def close(self) -> list[str]:
+        """Stop the fork servers, if any; the lines the report gets about them."""
+        if not isinstance(self.executor, ForkExecutor):
+            return []
+        self.executor.close()
+        return self.executor.notes()
 
 
 def _lost_in(sequence: Sequence[str], rows: Sequence[Record]) -> tuple[fold.Killed, ...]:

@@ -1,0 +1,222 @@
+"""The local executor with fork servers: every replay forked from a collected pytest.
+
+`ForkExecutor` is a `LocalExecutor` whose replay launches (one process, `-p no:xdist`,
+`--capsafe-replay=FILE`: the sweep's isolation reruns, search and trial replays,
+screens, sequence checks and each half of a pair run) run as children of a fork
+server (fork_server, fork_client) instead of fresh interpreters. Everything else (the
+suite runs, anything with xdist workers) and every replay the servers refuse run as
+fresh processes, exactly as in `LocalExecutor`.
+
+The launch is the same either way: its command line is split into the options a job
+sets for itself (records directory, run id, replay list, seed, neighbour threads) and
+the rest, and the rest, with the suite's own targets in place of the replay's files, is the server's
+command line. One server runs per distinct rest, working directory and environment
+(so one per pinned GPU: CUDA_VISIBLE_DEVICES is in the environment), started on
+first use. A server that refuses is not asked again; `refusals` keeps its reason for
+the report. The child is watched as a fresh process is (`WatchedProcess`: the stall
+watchdog reads its records and log), so a hang, a crash or an `os._exit` ends it with
+the rows written so far kept, as for a fresh process.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..plugin import order
+from .executor import SWEEP_TMP_ENV, Chunk, Launch, LocalExecutor, WatchedProcess
+from .fork_client import ForkedJob, ForkServer, Refused
+from .fork_server import JOB_OPTIONS, Job
+
+__all__ = ["ForkExecutor", "Replay", "split_replay"]
+
+PYTEST = ("-m", "pytest")
+NO_XDIST = ("-p", "no:xdist")
+REQUIRED = {"--capsafe-records", "--capsafe-run-id", "--capsafe-replay"}  # the seed may be absent
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A replay launch's command line, split: what the server runs, what the job sets."""
+
+    server_args: tuple[str, ...]  # the pytest arguments after the targets, minus JOB_OPTIONS
+    records: str
+    run_id: str
+    replay_file: str
+    seed: int | None
+    neighbors: int = 0
+    neighbor_calls: str | None = None
+
+
+def split_replay(cmd: Sequence[str]) -> Replay | None:
+    """The split of a single-process replay command (`python -m pytest TARGETS ...
+    --capsafe-replay=FILE ... -p no:xdist ...`); None for any other command."""
+    if tuple(cmd[1:3]) != PYTEST:
+        return None
+    args = list(cmd[3:])
+    while args and not args[0].startswith("-"):
+        args.pop(0)  # the replay's files: the server collects the suite's own targets
+    if NO_XDIST not in set(itertools.pairwise(args)):
+        return None
+    job: dict[str, str] = {}
+    rest: list[str] = []
+    for arg in args:
+        name, _, value = arg.partition("=")
+        if name in JOB_OPTIONS and value:
+            job[name] = value  # the last one wins, as in pytest
+        else:
+            rest.append(arg)
+    if not set(job) >= REQUIRED:
+        return None
+    seed = job.get("--capsafe-seed")
+    return Replay(
+        server_args=tuple(rest),
+        records=job["--capsafe-records"],
+        run_id=job["--capsafe-run-id"],
+        replay_file=job["--capsafe-replay"],
+        seed=None if seed is None else int(seed),
+        neighbors=int(job.get("--capsafe-neighbors", "0")),
+        neighbor_calls=job.get("--capsafe-neighbor-calls"),
+    )
+
+
+class ForkedProcess(WatchedProcess):
+    """A replay run as a fork server's child, watched like a fresh process; a fresh one
+    after all when the server declines it."""
+
+    def __init__(
+        self,
+        server: ForkServer,
+        replay: Replay,
+        launch: Launch,
+        env: Mapping[str, str],
+        on_refused: Callable[[str], None],
+    ) -> None:
+        super().__init__(launch.cmd, launch.cwd, env, launch.records, launch.log,
+                         launch.stall_limit)  # fmt: skip
+        self.server, self.replay, self.on_refused = server, replay, on_refused
+        self.overrides = dict(launch.env)  # what the sweep sets: the server has it already
+        self.forked = False
+
+    def start(self) -> None:
+        self.records.mkdir(parents=True, exist_ok=True)
+        scratch = tempfile.mkdtemp(prefix="capsafe-proc-")
+        job = Job(
+            job=self.server.job_id(),
+            nodeids=tuple(order.read_replay(self.replay.replay_file)),
+            records=str(self.records),
+            run_id=self.replay.run_id,
+            log=str(self.log),
+            seed=self.replay.seed,
+            env={**self.overrides, SWEEP_TMP_ENV: scratch},
+            replay_file=self.replay.replay_file,
+            neighbors=self.replay.neighbors,
+            neighbor_calls=self.replay.neighbor_calls,
+        )
+        try:
+            self.proc = self.server.submit(job)
+        except Refused as refused:
+            shutil.rmtree(scratch, ignore_errors=True)
+            self.on_refused(refused.reason)
+            super().start()
+            return
+        self._scratch = scratch  # removed by close(), as a fresh process's
+        self.forked = True
+
+    def chunks(self, stopping: threading.Event) -> Iterator[Chunk]:
+        yield from super().chunks(stopping)
+        if isinstance(self.proc, ForkedJob) and self.proc.lost:
+            self.exit = replace(self.exit, lost=self.proc.lost)
+
+    def kill(self) -> None:
+        """Its process group, killed by the server (which knows the pid is still its child's)."""
+        if not isinstance(self.proc, ForkedJob):
+            super().kill()
+        elif self.proc.returncode is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class ForkExecutor(LocalExecutor):
+    """`LocalExecutor` with replays forked from per-key servers (see the module doc).
+
+    `targets`: the suite's paths as the sweep's command lines give them (relative to the
+    working directory), which each server collects. `workdir`: where servers keep their
+    logs. `start_timeout`: seconds a server may take to collect before it counts as
+    refused."""
+
+    def __init__(self, targets: Sequence[str], workdir: Path, start_timeout: float) -> None:
+        super().__init__()
+        self.targets = tuple(targets)
+        self.workdir = workdir
+        self.start_timeout = start_timeout
+        self.refusals: dict[str, str] = {}  # server key text -> why it does not fork
+        self.forked = 0  # launches run as forked children
+        self.fresh = 0  # replay launches run fresh because a server refused
+        self._servers: dict[tuple[object, ...], ForkServer | None] = {}
+        self._starting: dict[tuple[object, ...], threading.Lock] = {}
+        self._count = threading.Lock()
+
+    def watched(self, launch: Launch, env: Mapping[str, str]) -> WatchedProcess:
+        replay = split_replay(launch.cmd)
+        server = self._server(launch, replay, env) if replay is not None else None
+        if replay is None or server is None:
+            if replay is not None:
+                self._counted(fresh=1)
+            return super().watched(launch, env)
+
+        def refused(reason: str) -> None:
+            self._counted(fresh=1, forked=-1)
+            with self._count:
+                self.refusals.setdefault(f"{launch.cwd}, before a fork", reason)  # the first
+
+        self._counted(forked=1)
+        return ForkedProcess(server, replay, launch, env, refused)
+
+    def _counted(self, *, forked: int = 0, fresh: int = 0) -> None:
+        with self._count:
+            self.forked += forked
+            self.fresh += fresh
+
+    def _server(self, launch: Launch, replay: Replay, env: Mapping[str, str]) -> ForkServer | None:
+        """The server for this launch's key, started on first use; None if it refused."""
+        key = (str(launch.cwd), replay.server_args, tuple(sorted(launch.env.items())))
+        with self._count:
+            starting = self._starting.setdefault(key, threading.Lock())
+            number = len(self._starting)  # its own directory, whichever key starts first
+        with starting:
+            if key in self._servers:
+                server = self._servers[key]
+                return server if server is not None and server.alive else None
+            workdir = self.workdir / f"server-{number}"
+            scratch = workdir / "tmp"  # the server's own CAPSAFE_SWEEP_TMP: each job sets its own
+            scratch.mkdir(parents=True, exist_ok=True)
+            try:
+                server = ForkServer.start([*self.targets, *replay.server_args], launch.cwd,
+                                          {**env, SWEEP_TMP_ENV: str(scratch)}, workdir,
+                                          self.start_timeout)  # fmt: skip
+            except Refused as refused:
+                server = None
+                with self._count:
+                    self.refusals[f"{launch.cwd} ({workdir.name})"] = refused.reason
+            self._servers[key] = server
+            return server
+
+    def notes(self) -> list[str]:
+        """Lines for the report: how many replays forked, and why any server refused."""
+        with self._count:
+            lines = [f"fork server: {self.forked} replay(s) forked, {self.fresh} run fresh"]
+            lines += [f"fork server refused ({where}): {why}" for where, why in
+                      sorted(self.refusals.items())]  # fmt: skip
+        return lines
+
+    def close(self) -> None:
+        """Stop every server (their running children are killed first)."""
+        servers = [s for s in self._servers.values() if s is not None]
+        for server in servers:
+            server.close()

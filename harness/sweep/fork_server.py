@@ -1,0 +1,312 @@
+"""The fork server process: pytest started and collected once, one forked child per job.
+
+`python -m capsafe_harness.sweep.fork_server PYTEST_ARGS...` runs pytest with the
+arguments a fresh replay process would get (its per-job options left out: records,
+run id, replay list, seed), so plugins, conftests and test modules load and the suite
+is collected once. In place of running the tests, `pytest_runtestloop` serves jobs
+read from a pipe (fork_client holds the other end): for each it checks that a fork
+is safe (fork_checks), forks, and reports the child's pid, later its exit status.
+
+The child becomes what a fresh `pytest --capsafe-replay` process is after its
+collection: a session of its own (the caller's watchdog kills its process group), the
+job's variables set in the environment, stdout and stderr into the job's log, capture
+files of its own, the capsafe plugin registered anew with the job's records directory,
+run id, seed and neighbour threads (so its records, marks and exit status are written
+as in a fresh process, by the same code), the replay order applied by the plugin's own
+hook, and then pytest's normal run loop, fixture setup and teardown, session finish
+and exit status. Module state is the state right after collection, copied on write: a
+test that changes it in one child leaves the next child's copy as it was.
+
+What differs from a fresh process (docs/harness.md, "The fork server"):
+import-time side effects of the suite happen once, in the server, before any job
+(a file a module creates on import is shared by all jobs); the server collects every
+path of the suite where a fresh replay collects only the files of its tests; every
+child shares the server's hash seed (PYTHONHASHSEED); the child runs the atexit
+handlers registered after the fork only (those of import time stay the server's); the
+objects alive after collection are frozen (`gc.freeze`, after one collection in the
+server), so a child's garbage collections skip them: pytest collects five times at
+session end, which in a child would otherwise walk, and so copy, the whole heap.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import gc
+import json
+import os
+import select
+import signal
+import stat
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..plugin import PLUGIN_NAME, CapsafeRun, _resolve, neighbor_run, phase_times
+from .fork_checks import fork_refusal
+
+__all__ = ["FDS_ENV", "JOB_OPTIONS", "MODULE", "Job", "main"]
+
+MODULE = "capsafe_harness.sweep.fork_server"
+FDS_ENV = "CAPSAFE_FORK_SERVER_FDS"
+"""'JOBS,RESULTS': the pipe descriptors the server reads jobs from and answers on."""
+JOB_OPTIONS = (
+    "--capsafe-records",
+    "--capsafe-run-id",
+    "--capsafe-replay",
+    "--capsafe-seed",
+    "--capsafe-neighbors",
+    "--capsafe-neighbor-calls",
+)
+"""The options a job sets for itself; the server's command line carries none of them.
+Neighbour threads are the job's: they start after collection, so in the server they would
+be alive at every fork (and would have initialised CUDA there)."""
+SERVER_RUN_ID = "fork-server"
+POLL_S = 0.02
+JOB_PLUGINS = (PLUGIN_NAME, phase_times.PLUGIN_NAME, neighbor_run.PLUGIN_NAME)
+"""The capsafe plugins that hold per-process state (records file, marks, neighbours):
+replaced in each child by ones made for its job."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """One replay: these tests in this order, into this records directory and log."""
+
+    job: str  # the caller's id for it
+    nodeids: tuple[str, ...]
+    records: str
+    run_id: str
+    log: str
+    seed: int | None = None
+    env: dict[str, str] = field(default_factory=dict)  # set on top of the server's environment
+    replay_file: str | None = None  # shown in the plugin's header only
+    neighbors: int = 0  # --capsafe-neighbors: threads started in the child after collection
+    neighbor_calls: str | None = None  # --capsafe-neighbor-calls
+
+    def to_json(self) -> str:
+        return json.dumps({"op": "run", **self.__dict__, "nodeids": list(self.nodeids)})
+
+    @classmethod
+    def from_message(cls, message: dict[str, Any]) -> Job:
+        fields = {k: v for k, v in message.items() if k != "op"}
+        return cls(**{**fields, "nodeids": tuple(fields["nodeids"])})
+
+
+class Server:
+    """The pytest plugin that turns the run loop into the job loop (see the module doc)."""
+
+    def __init__(self, jobs: int, results: int) -> None:
+        self.jobs, self.results = jobs, results
+        self.pid = os.getpid()
+        self.job: Job | None = None  # set in a child: the job it runs
+        self.answered = False  # said "ready" or "refused"
+        self._children: dict[str, int] = {}  # job id -> child pid
+        self._pending = b""
+
+    @property
+    def in_child(self) -> bool:
+        return os.getpid() != self.pid
+
+    def send(self, **message: Any) -> None:
+        data = (json.dumps(message) + "\n").encode("utf-8")
+        with contextlib.suppress(BrokenPipeError):  # the client is gone: it stops us anyway
+            os.write(self.results, data)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> bool | None:
+        if session.config.option.collectonly:
+            return None
+        reason = fork_refusal()
+        if reason is not None:
+            self.send(event="refused", reason=reason)
+            self.answered = True
+            return True
+        gc.collect()  # the garbage of start-up and collection, once, here
+        gc.freeze()  # the rest is permanent: no child's collection walks (and copies) it
+        self.send(event="ready", collected=len(session.items))
+        self.answered = True
+        job = self._serve()
+        if job is None:
+            return True  # the server's own session ends: no test ran in it
+        _become(session, job)
+        return None  # pytest's own run loop runs the job's items, here in the child
+
+    # -- the job loop (server) ------------------------------------------------
+    def _serve(self) -> Job | None:
+        """Serve until told to stop (None) or, in a forked child, return its job."""
+        stopping = False
+        while not (stopping and not self._children):
+            self._reap()
+            readable, _, _ = select.select([self.jobs], [], [], POLL_S)
+            if not readable:
+                continue
+            data = os.read(self.jobs, 1 << 16)
+            if not data:  # the client died: nobody reads our children's results
+                self._kill_children()
+                stopping = True
+                continue
+            self._pending += data
+            while b"\n" in self._pending:
+                line, self._pending = self._pending.split(b"\n", 1)
+                message = json.loads(line)
+                if message["op"] == "stop":
+                    stopping = True
+                elif message["op"] == "kill":
+                    self._kill(message["job"])
+                elif message["op"] == "run":
+                    job = Job.from_message(message)
+                    if self._fork(job):
+                        return job
+        return None
+
+    def _fork(self, job: Job) -> bool:
+        """Fork a child for `job`; True in the child."""
+        reason = fork_refusal()
+        if reason is not None:
+            self.send(event="declined", job=job.job, reason=reason)
+            return False
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()  # nothing buffered is written twice
+        pid = os.fork()
+        if pid == 0:
+            os.setsid()  # its own process group: the caller's kill ends what it started too
+            os.close(self.jobs)
+            os.close(self.results)
+            self._children.clear()
+            return True
+        self._children[job.job] = pid
+        self.send(event="started", job=job.job, pid=pid)
+        return False
+
+    def _reap(self) -> None:
+        for job, pid in list(self._children.items()):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                del self._children[job]
+                self.send(event="exit", job=job, returncode=os.waitstatus_to_exitcode(status))
+
+    def _kill(self, job: str) -> None:
+        pid = self._children.get(job)
+        if pid is not None:  # not reaped yet, so the pid is still this child's
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+
+    def _kill_children(self) -> None:
+        for job in list(self._children):
+            self._kill(job)
+
+
+def _become(session: pytest.Session, job: Job) -> None:
+    """Turn this forked child into a fresh replay process for `job`, right after collection."""
+    atexit._clear()  # the server's handlers (import time) run once, in the server
+    os.environ.update(job.env)  # on what the suite's imports left (a conftest's setdefault)
+    _reseed_numpy()
+    _redirect_output(job.log)
+    config = session.config
+    _own_capture(config)
+    session.testsfailed = 0  # collection errors of files a fresh replay would not collect
+    session.shouldstop = session.shouldfail = False
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.stats.pop("error", None)
+        if hasattr(reporter, "_session_start"):  # "in 0.12s" counts from the fork
+            reporter._session_start = type(reporter._session_start)()
+    manager = config.pluginmanager
+    for name in JOB_PLUGINS:
+        if manager.get_plugin(name) is not None:
+            manager.unregister(name=name)
+    option = config.option
+    option.capsafe_records, option.capsafe_run_id = job.records, job.run_id
+    option.capsafe_seed = None if job.seed is None else str(job.seed)
+    option.capsafe_replay = None
+    option.capsafe_neighbors, option.capsafe_neighbor_calls = job.neighbors, job.neighbor_calls
+    settings = replace(
+        _resolve(config), replay=job.nodeids, replay_file=job.replay_file, shuffle="none"
+    )
+    before = set(manager.get_plugins())
+    manager.register(CapsafeRun(config, settings), PLUGIN_NAME)
+    others = [p for p in manager.get_plugins() if p in before]
+    # What a fresh process's new plugins would have seen before its run loop.
+    manager.subset_hook_caller("pytest_sessionstart", others)(session=session)
+    manager.subset_hook_caller("pytest_collection_modifyitems", others)(
+        session=session, config=config, items=session.items
+    )
+    manager.subset_hook_caller("pytest_collection_finish", others)(session=session)
+
+
+def _reseed_numpy() -> None:
+    """numpy's global generator from fresh entropy, as numpy seeds it on import in a fresh
+    process (Python's `random` reseeds itself in a forked child). Without it every child
+    would draw the server's numbers: an unseeded random test would fail in all or none."""
+    numpy_random = sys.modules.get("numpy.random")
+    seed = getattr(numpy_random, "seed", None)
+    if callable(seed):
+        seed()
+
+
+def _own_capture(config: pytest.Config) -> None:
+    """Give this child capture files of its own. pytest's global capture (what tests and
+    their fixtures print, reported with a failure) goes to temporary files opened once, in
+    the server, so every child would share them, and a child's read-and-truncate would eat
+    what a concurrent sibling captured. The old ones are dropped unread (reading would
+    truncate the shared file), and new ones started and suspended, as between tests."""
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if capture is None or getattr(capture, "_global_capturing", None) is None:
+        return  # -s / --capture=no: nothing shared
+    capture._global_capturing = None
+    capture.start_global_capturing()
+    capture.suspend_global_capture()
+
+
+def _redirect_output(log: str) -> None:
+    """Point every descriptor open on the server's stdout or stderr (1, 2, and the copies
+    pytest's capture and faulthandler keep) at the job's log."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    targets = {1, 2}
+    served = {_identity(1), _identity(2)} - {None}
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc/self/fd"):
+            other = int(name)
+            if other > 2 and other != fd and _identity(other) in served:
+                targets.add(other)
+    for target in targets:
+        os.dup2(fd, target)
+    os.close(fd)
+
+
+def _identity(fd: int) -> tuple[int, int] | None:
+    """(device, inode) of a regular file open on `fd`; None for anything else."""
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else None
+
+
+def server_args(records: Path, args: Sequence[str]) -> list[str]:
+    """The server's pytest arguments: a fresh replay's, with the capsafe plugin active
+    (configured as in a fresh process) but recording into a directory of its own."""
+    return [*args, f"--capsafe-records={records}", f"--capsafe-run-id={SERVER_RUN_ID}"]
+
+
+def main(argv: Sequence[str]) -> int:
+    jobs, results = (int(fd) for fd in os.environ.pop(FDS_ENV).split(","))
+    server = Server(jobs, results)
+    code = int(pytest.main(list(argv), plugins=[server]))
+    if server.in_child:  # the job's pytest session is over: exit as its process would
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        atexit._run_exitfuncs()
+        os._exit(code)
+    if not server.answered:
+        server.send(event="refused", reason=f"pytest ended before collecting (exit {code})")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,516 @@
+"""The fork server (issue 21): a replay forked from a collected pytest is a fresh replay.
+
+The fresh process stays the reference: the same launch, built by the sweep's Runner,
+runs once through `LocalExecutor` (a new interpreter) and once through `ForkExecutor`
+(a child of a fork server), and the rows must agree on everything but pids and times.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from capsafe_harness.plugin import order
+from capsafe_harness.records import Record, load_records
+from capsafe_harness.sweep import fork_checks
+from capsafe_harness.sweep.executor import LocalExecutor
+from capsafe_harness.sweep.fork_client import ForkServer, Refused
+from capsafe_harness.sweep.fork_executor import ForkExecutor, split_replay
+from capsafe_harness.sweep.fork_server import Job
+from capsafe_harness.sweep.options import SweepOptions
+from capsafe_harness.sweep.run import Sweep
+from capsafe_harness.sweep.runner import ProcessResult, Runner
+from capsafe_harness.sweep.state import prepare_out
+
+SUITES = Path(__file__).resolve().parents[3] / "repro" / "suites"
+PLANTED = sorted(p.parent.name for p in SUITES.glob("*/answer_key.json"))
+QUIET = ("-p", "no:run-parallel", "-p", "no:hypothesispytest")
+TIMEOUT = 3.0  # pytest-timeout in the replays: the hang suite's test waits this long
+
+
+def make_runner(suite: Path, raw: Path, executor: LocalExecutor) -> Runner:
+    options = SweepOptions(paths=(suite,), out=raw.parent, seed=1, timeout=TIMEOUT,
+                           invoked_from=suite, pytest_args=QUIET, progress=False)  # fmt: skip
+    runner = Runner(options, raw, executor=executor)
+    runner.rootdir, runner.inifile = suite, str(suite / "pytest.ini")
+    return runner
+
+
+def replay(runner: Runner, label: str, sequence: Sequence[str], seed: int | None) -> ProcessResult:
+    """One replay as the sweep's phases run it (host.SweepHost.replay)."""
+    replay_file = runner.raw / "replays" / f"{label}.txt"
+    order.write_replay(replay_file, sequence)
+    cmd = runner.pytest_command(runner.replay_targets(sequence), runner.raw / label, label,
+                                seed=seed, workers=0, replay_file=replay_file)  # fmt: skip
+    return runner.run(label, cmd)
+
+
+def comparable(rows: Sequence[Record]) -> list[tuple[Any, ...]]:
+    """A row without what differs between any two processes: pids, times, durations."""
+    return [
+        (r["nodeid"], r["phase"], r["outcome"], r["index"], r["run_id"], r["seed"],
+         r["worker"], tuple(r["signals"]), r["message"], r.get("env_leak"))
+        for r in sorted(rows, key=lambda r: (r["index"], r["nodeid"], r["time"]))
+    ]  # fmt: skip
+
+
+@pytest.fixture
+def forks(tmp_path: Path) -> Iterator[ForkExecutor]:
+    executor = ForkExecutor([os.curdir], tmp_path / "servers", start_timeout=120)
+    yield executor
+    executor.close()
+
+
+def collected(suite: Path) -> list[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", *QUIET, "-p", "no:xdist"],
+        cwd=suite, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    return [line for line in done.stdout.splitlines() if "::" in line]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", PLANTED)
+def test_a_forked_replay_writes_the_rows_a_fresh_one_does(
+    name: str, tmp_path: Path, forks: ForkExecutor
+) -> None:
+    suite = SUITES / name
+    sequence = order.shuffled(collected(suite), 7, "global")
+    assert sequence
+    results = []
+    for path, executor in (("fresh", LocalExecutor()), ("forked", forks)):
+        runner = make_runner(suite, tmp_path / path / "raw", executor)
+        results.append(replay(runner, "alone-1", sequence, seed=7))
+    fresh, forked = results
+    assert forks.refusals == {}
+    assert (forks.forked, forks.fresh) == (1, 0)
+    assert comparable(forked.rows) == comparable(fresh.rows)
+    assert forked.returncode == fresh.returncode
+    assert forked.killed_in == fresh.killed_in
+
+
+def sweep_summary(suite: Path, out: Path, fork: bool) -> tuple[dict[str, Any], list[str]]:
+    """A whole sweep of a planted suite with its answer key's options: each test's
+    verdict, and the fork server's notes (none for a fresh sweep)."""
+    key = json.loads((suite / "answer_key.json").read_text())
+    chosen = {"timeout": 10, **key.get("sweep", {})}  # as test_planted_suites: the key's win
+    options = SweepOptions(paths=(suite,), out=out, invoked_from=suite, pytest_args=QUIET,
+                           progress=False, fork=fork, **chosen)  # fmt: skip
+    prepare_out(out, resume=False, force=False)
+    Sweep(options).execute()
+    summary = json.loads((out / "summary.json").read_text())
+    verdicts = {t["nodeid"]: (t["classification"], t["polluters"], t["state_setters"],
+                              sorted(t["signals"])) for t in summary["tests"]}  # fmt: skip
+    return verdicts, [n for n in summary["notes"] if n.startswith("fork server")]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("name", PLANTED)
+def test_a_sweep_with_the_fork_server_gives_the_summary_a_fresh_one_does(
+    name: str, tmp_path: Path
+) -> None:
+    fresh, _ = sweep_summary(SUITES / name, tmp_path / "fresh", fork=False)
+    forked, notes = sweep_summary(SUITES / name, tmp_path / "forked", fork=True)
+    assert forked == fresh
+    assert len(notes) == 1 and notes[0].endswith(", 0 run fresh")  # no refusal, no fallback
+
+
+POLLUTED = {
+    "state.py": "SEEN: list[str] = []\n",
+    "test_a.py": (
+        "import os, state\n"
+        "def test_pollute():\n"
+        "    state.SEEN.append('x')\n"
+        "    os.environ['CAPSAFE_POLLUTED'] = '1'\n"
+        "def test_clean():\n"
+        "    assert state.SEEN == [] and 'CAPSAFE_POLLUTED' not in os.environ\n"
+    ),
+}
+
+
+def write_suite(root: Path, files: dict[str, str]) -> Path:
+    root.mkdir(parents=True)
+    (root / "pytest.ini").write_text("[pytest]\n")
+    for name, text in files.items():
+        (root / name).write_text(text)
+    return root
+
+
+def test_neighbour_threads_start_in_the_child_and_the_server_still_forks(
+    tmp_path: Path, forks: ForkExecutor
+) -> None:
+    """Neighbours start after collection: in the server they would refuse every fork."""
+    suite = SUITES / "capture"
+    sequence = collected(suite)
+    results = []
+    for path, executor in (("fresh", LocalExecutor()), ("forked", forks)):
+        runner = make_runner(suite, tmp_path / path / "raw", executor)
+        replay_file = runner.raw / "replays" / "alone-1.txt"
+        order.write_replay(replay_file, sequence)
+        cmd = runner.pytest_command(runner.replay_targets(sequence), runner.raw / "alone-1",
+                                    "alone-1", seed=5, workers=0, replay_file=replay_file,
+                                    extra=("--capsafe-neighbors=1",))  # fmt: skip
+        results.append(runner.run("alone-1", cmd))
+        status = sorted(p.name for p in (runner.raw / "alone-1").glob("neighbors-*"))
+        assert len(status) == 1, status  # the neighbours' status file, written at their stop
+    fresh, forked = results
+    assert (forks.forked, forks.fresh, forks.refusals) == (1, 0, {})
+    assert [(r["nodeid"], r["phase"], r["outcome"]) for r in forked.rows] == [
+        (r["nodeid"], r["phase"], r["outcome"]) for r in fresh.rows
+    ]
+
+
+def test_a_polluters_effect_does_not_leak_into_the_next_job(
+    tmp_path: Path, forks: ForkExecutor
+) -> None:
+    suite = write_suite(tmp_path / "suite", POLLUTED)
+    runner = make_runner(suite, tmp_path / "raw", forks)
+    polluted = replay(runner, "seq-1", ["test_a.py::test_pollute", "test_a.py::test_clean"], 3)
+    clean = replay(runner, "alone-1", ["test_a.py::test_clean"], 3)
+    assert forks.forked == 2
+    assert [(r["nodeid"], r["outcome"]) for r in polluted.rows if r["phase"] == "call"] == [
+        ("test_a.py::test_pollute", "passed"), ("test_a.py::test_clean", "failed")
+    ]  # fmt: skip
+    assert [r["outcome"] for r in clean.rows] == ["passed", "passed", "passed"]
+    assert polluted.returncode == 1 and clean.returncode == 0
+
+
+def start(suite: Path, tmp_path: Path, env: dict[str, str] | None = None) -> ForkServer:
+    args = ["-p", "capsafe", "-p", "no:xdist", *QUIET, "-q", "--timeout=60"]
+    return ForkServer.start(args, suite, env or dict(os.environ), tmp_path / "server", 120)
+
+
+def job(tmp_path: Path, label: str, nodeids: Sequence[str]) -> Job:
+    return Job(job=label, nodeids=tuple(nodeids), records=str(tmp_path / label),
+               run_id=label, log=str(tmp_path / f"{label}.log"))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("conftest", "reason"),
+    [
+        ("import threading, time\n"
+         "threading.Thread(target=time.sleep, args=(60,), name='poller', daemon=True).start()\n",
+         "1 other thread(s) alive after collection: poller"),
+        ("import _thread, time\n_thread.start_new_thread(time.sleep, (60,))\ntime.sleep(0.1)\n",
+         "1 native thread(s) besides the main one alive after collection"),
+        ("import sys, types\n"
+         "torch = types.ModuleType('torch')\n"
+         "torch.cuda = types.SimpleNamespace(is_initialized=lambda: True)\n"
+         "sys.modules['torch'] = torch\n",
+         "CUDA is initialised in this process (torch.cuda.is_initialized())"),
+        ("import os\nos.environ['CAPSAFE_BACKEND'] = 'sim'\nimport capsafe\ncapsafe.device(0)\n",
+         "capsafe devices exist in this process (made at import or collection)"),
+        ("import os\ndelattr(os, 'fork')\n", "this platform has no os.fork"),
+    ],
+    ids=["thread", "native-thread", "cuda", "capsafe-device", "no-fork"],
+)  # fmt: skip
+def test_an_unsafe_server_refuses_and_the_replay_runs_fresh(
+    conftest: str, reason: str, tmp_path: Path, forks: ForkExecutor
+) -> None:
+    suite = write_suite(tmp_path / "suite", {**POLLUTED, "conftest.py": conftest})
+    with pytest.raises(Refused) as refused:
+        start(suite, tmp_path).close()
+    assert refused.value.reason == reason
+    runner = make_runner(suite, tmp_path / "raw", forks)
+    result = replay(runner, "alone-1", ["test_a.py::test_clean"], None)
+    assert [r["outcome"] for r in result.rows] == ["passed", "passed", "passed"]
+    assert (forks.forked, forks.fresh) == (0, 1)
+    assert list(forks.refusals.values()) == [reason]
+    assert any(reason in line for line in forks.notes())
+
+
+def test_each_child_draws_its_own_random_numbers(tmp_path: Path) -> None:
+    """Unseeded (a replay without --capsafe-seed), each fresh process draws other numbers
+    from `random` and numpy's global generator; so must each child."""
+    pytest.importorskip("numpy")
+    test = (
+        "import os, random\nfrom pathlib import Path\nimport numpy.random\n"
+        "def test_draw():\n"
+        "    out = Path(os.environ['CAPSAFE_SWEEP_SHARED']) / str(os.getpid())\n"
+        "    out.write_text(f'{random.random()} {numpy.random.random()}')\n"
+    )
+    suite = write_suite(tmp_path / "suite", {"test_draw.py": test})
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    server = start(suite, tmp_path, {**os.environ, "CAPSAFE_SWEEP_SHARED": str(shared)})
+    try:
+        codes = [server.submit(job(tmp_path, f"draw{k}", ["test_draw.py::test_draw"])).wait(120)
+                 for k in range(3)]  # fmt: skip
+    finally:
+        server.close()
+    assert codes == [0, 0, 0]
+    draws = [p.read_text().split() for p in shared.iterdir()]
+    assert len(draws) == 3
+    for generator in range(2):  # random, then numpy
+        assert len({d[generator] for d in draws}) == 3
+
+
+@pytest.mark.cuda
+def test_a_collection_that_initialises_cuda_refuses_by_the_open_device(tmp_path: Path) -> None:
+    """cuInit from any library (here the driver itself, through ctypes) opens /dev/nvidia*."""
+    conftest = "import ctypes\nassert ctypes.CDLL('libcuda.so.1').cuInit(0) == 0\n"
+    suite = write_suite(tmp_path / "suite", {**POLLUTED, "conftest.py": conftest})
+    with pytest.raises(Refused) as refused:
+        start(suite, tmp_path).close()
+    assert refused.value.reason.startswith("CUDA is initialised in this process (/dev/nvidia")
+
+
+@pytest.mark.cuda
+def test_a_forked_child_initialises_cuda_itself(tmp_path: Path) -> None:
+    """No CUDA in the server: each child makes its own context, as a fresh process does."""
+    test = (
+        "import os\nos.environ['CAPSAFE_BACKEND'] = 'cuda'\nimport capsafe\n"
+        "def test_device():\n    assert capsafe.device(0).name\n"
+    )
+    suite = write_suite(tmp_path / "suite", {"test_gpu.py": test})
+    server = start(suite, tmp_path)
+    try:
+        codes = [server.submit(job(tmp_path, f"gpu{k}", ["test_gpu.py::test_device"])).wait(300)
+                 for k in range(2)]  # fmt: skip
+    finally:
+        server.close()
+    assert codes == [0, 0]
+
+
+def test_openblas_workers_started_by_numpy_do_not_refuse_a_fork(
+    tmp_path: Path, forks: ForkExecutor
+) -> None:
+    pytest.importorskip("numpy")
+    conftest = "import numpy\nnumpy.ones((64, 64)) @ numpy.ones((64, 64))\n"
+    suite = write_suite(tmp_path / "suite", {**POLLUTED, "conftest.py": conftest})
+    runner = make_runner(suite, tmp_path / "raw", forks)
+    result = replay(runner, "alone-1", ["test_a.py::test_clean"], None)
+    assert [r["outcome"] for r in result.rows] == ["passed", "passed", "passed"]
+    assert (forks.forked, forks.fresh, forks.refusals) == (1, 0, {})
+
+
+LATE_THREAD = (
+    "import signal, threading, time\n"
+    "def late(signum, frame):\n"
+    "    threading.Thread(target=time.sleep, args=(60,), name='late', daemon=True).start()\n"
+    "signal.signal(signal.SIGUSR1, late)\n"
+)
+
+
+def test_a_job_the_server_declines_runs_as_a_fresh_process(
+    tmp_path: Path, forks: ForkExecutor
+) -> None:
+    """The checks run again before every fork: a thread the server started after it said
+    ready (here from a signal handler) declines the next job, which runs fresh."""
+    suite = write_suite(tmp_path / "suite", {**POLLUTED, "conftest.py": LATE_THREAD})
+    runner = make_runner(suite, tmp_path / "raw", forks)
+    first = replay(runner, "alone-1", ["test_a.py::test_clean"], None)
+    (server,) = (s for s in forks._servers.values() if s is not None)
+    os.kill(server.proc.pid, signal.SIGUSR1)
+    tasks, end = Path(f"/proc/{server.proc.pid}/task"), time.monotonic() + 60
+    while len(os.listdir(tasks)) < 2:  # the handler has run (between two polls of the loop)
+        assert time.monotonic() < end, "the server never started its late thread"
+        time.sleep(0.01)
+    second = replay(runner, "alone-2", ["test_a.py::test_clean"], None)
+    assert [r["outcome"] for r in first.rows + second.rows] == ["passed"] * 6
+    assert first.rows[0]["pid"] != second.rows[0]["pid"]
+    assert (forks.forked, forks.fresh) == (1, 1)
+    assert "1 other thread(s) alive after collection: late" in forks.refusals.values()
+
+
+def test_the_checks_name_a_live_thread_and_pass_without_one() -> None:
+    assert fork_checks.cuda_in_use() is None
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, name="holder")
+    thread.start()
+    try:
+        assert fork_checks.fork_refusal() == "1 other thread(s) alive after collection: holder"
+    finally:
+        stop.set()
+        thread.join()
+
+
+DYING = {
+    "test_d.py": (
+        "import os, time\n"
+        "def test_first(): pass\n"
+        "def test_exits(): os._exit(3)\n"
+        "def test_hangs(): time.sleep(600)\n"
+        "def test_after(): pass\n"
+    ),
+}
+
+
+def test_a_child_that_calls_os_exit_ends_as_a_fresh_process_would(
+    tmp_path: Path, forks: ForkExecutor
+) -> None:
+    suite = write_suite(tmp_path / "suite", DYING)
+    sequence = ["test_d.py::test_first", "test_d.py::test_exits", "test_d.py::test_after"]
+    results = [
+        replay(make_runner(suite, tmp_path / path / "raw", executor), "alone-1", sequence, 1)
+        for path, executor in (("fresh", LocalExecutor()), ("forked", forks))
+    ]
+    fresh, forked = results
+    assert forks.forked == 1
+    assert forked.returncode == fresh.returncode == 3
+    assert comparable(forked.rows) == comparable(fresh.rows)
+    assert forked.rows[-1]["nodeid"] == "test_d.py::test_exits"  # its setup: the last row
+    died_in = [[k.nodeid for k in r.end.killed] for r in (fresh, forked)]
+    assert died_in == [["test_d.py::test_exits"]] * 2  # the sweep's crash, as for a fresh one
+
+
+def test_a_hung_child_is_killed_by_the_watchdog_with_its_rows_kept(
+    tmp_path: Path, forks: ForkExecutor
+) -> None:
+    suite = write_suite(tmp_path / "suite", DYING)
+    options = SweepOptions(paths=(suite,), out=tmp_path, seed=1, timeout=600, stall_s=3,
+                           invoked_from=suite, pytest_args=QUIET, progress=False)  # fmt: skip
+    runner = Runner(options, tmp_path / "raw", executor=forks)
+    runner.rootdir, runner.inifile = suite, str(suite / "pytest.ini")
+    result = replay(runner, "alone-1", ["test_d.py::test_first", "test_d.py::test_hangs"], 1)
+    assert forks.forked == 1
+    assert result.stalled and result.returncode == -signal.SIGKILL
+    assert result.killed_in == ("test_d.py::test_hangs",)
+    assert [(r["nodeid"], r["phase"], r["outcome"]) for r in result.rows][:3] == [
+        ("test_d.py::test_first", p, "passed") for p in ("setup", "call", "teardown")
+    ]
+
+
+def test_killing_one_of_two_concurrent_jobs_leaves_the_other_running(tmp_path: Path) -> None:
+    suite = write_suite(tmp_path / "suite", DYING)
+    server = start(suite, tmp_path)
+    try:
+        hung = server.submit(job(tmp_path, "hung", ["test_d.py::test_hangs"]))
+        fine = server.submit(job(tmp_path, "fine", ["test_d.py::test_first"]))
+        assert fine.wait(120) == 0
+        assert hung.returncode is None  # still asleep beside the other
+        hung.kill()
+        assert hung.wait(120) == -signal.SIGKILL
+        setup = [r for r in load_records(tmp_path / "hung")[0] if r["phase"] == "setup"]
+        assert [r["outcome"] for r in setup] == ["passed"]
+    finally:
+        server.close()
+
+
+OVERLAP = {
+    "test_pair.py": (
+        "import os, time\n"
+        "from pathlib import Path\n"
+        "def meet(me, other):\n"
+        "    shared = Path(os.environ['CAPSAFE_SWEEP_SHARED'])\n"
+        "    (shared / me).touch()\n"
+        "    end = time.monotonic() + 60\n"
+        "    while not (shared / other).exists():\n"
+        "        assert time.monotonic() < end, 'the other job never ran beside this one'\n"
+        "        time.sleep(0.01)\n"
+        "def test_left(): meet('left', 'right')\n"
+        "def test_right(): meet('right', 'left')\n"
+    ),
+}
+
+
+def test_two_jobs_run_concurrently_as_a_pair_run_needs(tmp_path: Path) -> None:
+    suite = write_suite(tmp_path / "suite", OVERLAP)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    server = start(suite, tmp_path, {**os.environ, "CAPSAFE_SWEEP_SHARED": str(shared)})
+    try:
+        left = server.submit(job(tmp_path, "left", ["test_pair.py::test_left"]))
+        right = server.submit(job(tmp_path, "right", ["test_pair.py::test_right"]))
+        assert (left.wait(120), right.wait(120)) == (0, 0)
+        assert left.pid != right.pid
+    finally:
+        server.close()
+
+
+CHATTY = {
+    "test_say.py": (
+        "import time\n"
+        "def say(me):\n"
+        "    for _ in range(50):\n"
+        "        print(f'<{me}>', flush=True)\n"
+        "        time.sleep(0.01)\n"
+        "    assert False, me\n"
+        "def test_one(): say('one')\n"
+        "def test_two(): say('two')\n"
+    ),
+}
+
+
+def test_concurrent_jobs_capture_their_own_output(tmp_path: Path) -> None:
+    """pytest's capture files are opened in the server: each child must have its own, or
+    one child's read-and-truncate eats what the other captured."""
+    suite = write_suite(tmp_path / "suite", CHATTY)
+    server = start(suite, tmp_path)
+    try:
+        handles = {me: server.submit(job(tmp_path, me, [f"test_say.py::test_{me}"]))
+                   for me in ("one", "two")}  # fmt: skip
+        assert [h.wait(120) for h in handles.values()] == [1, 1]
+    finally:
+        server.close()
+    for me, other in (("one", "two"), ("two", "one")):
+        log = (tmp_path / f"{me}.log").read_text()  # the failure's "Captured stdout call"
+        assert log.count(f"<{me}>") == 50
+        assert f"<{other}>" not in log
+
+
+def test_a_job_naming_an_uncollected_test_is_a_usage_error_as_in_a_fresh_process(
+    tmp_path: Path,
+) -> None:
+    suite = write_suite(tmp_path / "suite", POLLUTED)
+    server = start(suite, tmp_path)
+    try:
+        missing = server.submit(job(tmp_path, "missing", ["test_a.py::test_gone"]))
+        assert missing.wait(120) == pytest.ExitCode.USAGE_ERROR
+        log = (tmp_path / "missing.log").read_text()
+        assert "1 listed test(s) were not collected: test_a.py::test_gone" in log
+    finally:
+        server.close()
+
+
+def test_a_dead_server_ends_its_jobs_as_lost_and_kills_their_children(tmp_path: Path) -> None:
+    suite = write_suite(tmp_path / "suite", DYING)
+    server = start(suite, tmp_path)
+    hung = server.submit(job(tmp_path, "hung", ["test_d.py::test_hangs"]))
+    os.kill(server.proc.pid, signal.SIGKILL)
+    assert hung.wait(120) == -signal.SIGKILL
+    assert hung.lost.startswith("the fork server died")
+    end = time.monotonic() + 60
+    while _alive(hung.pid) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert not _alive(hung.pid)
+    server.close()
+    with pytest.raises(Refused):
+        server.submit(job(tmp_path, "late", ["test_d.py::test_first"]))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_only_single_process_replays_are_split_for_a_server() -> None:
+    base = [sys.executable, "-m", "pytest", "test_a.py", "-p", "capsafe", "--rootdir=/s"]
+    job_args = ["--capsafe-records=/r/x", "--capsafe-run-id=x", "--capsafe-replay=/r/x.txt"]
+    split = split_replay([*base, *job_args, "--capsafe-seed=4", "-p", "no:xdist", "-q"])
+    assert split is not None
+    assert split.server_args == ("-p", "capsafe", "--rootdir=/s", "-p", "no:xdist", "-q")
+    assert (split.records, split.run_id, split.replay_file, split.seed) == (
+        "/r/x", "x", "/r/x.txt", 4
+    )  # fmt: skip
+    neighbors = ["--capsafe-neighbors=2", "-p", "no:xdist", "--capsafe-neighbors=0"]
+    split = split_replay([*base, *job_args, *neighbors, "--capsafe-neighbor-calls=ctx_sync"])
+    assert split is not None and split.server_args == ("-p", "capsafe", "--rootdir=/s",
+                                                       "-p", "no:xdist")  # fmt: skip
+    assert (split.neighbors, split.neighbor_calls) == (0, "ctx_sync")  # the last one wins
+    assert split_replay([*base, *job_args, "-n=2"]) is None  # xdist workers: a suite run
+    assert split_replay([*base, *job_args[:2], "-p", "no:xdist"]) is None  # not a replay
