@@ -13,11 +13,11 @@ measures them (`python -m capsafe_repro.hazard_matrix --cross-device`).
 
 A rule also names the capture *state* it applies to: `ACTIVE` (the capture is
 valid) or `LEFT_OPEN` (a call already invalidated it and nobody has ended it
-yet). A left-open capture keeps refusing calls until it is ended: measured on the
-H200 (2026-12-01, docs/data/h200_2026-12-01_left_open/) for other threads'
-cuMemAlloc and cuCtxSynchronize on a non-blocking capture stream; the rest of
-its rules are predictions until `python -m capsafe_repro.hazard_matrix
---left-open` measures them.
+yet). A left-open capture keeps refusing calls until it is ended: first seen on the
+H200 with a probe (2026-12-01, docs/data/h200_2026-12-01_left_open/), then every
+same-device cell measured by `python -m capsafe_repro.hazard_matrix --left-open`
+(2026-12-02, docs/data/h200_2026-12-02/hazard_matrix_left_open.jsonl); the
+other-device left-open rules are predictions like the other cross-device ones.
 
 A *call* is named by what it does, not by the driver symbol, because the same
 symbol is safe or not depending on its arguments (cuStreamSynchronize on another
@@ -253,23 +253,49 @@ RULES: tuple[Rule, ...] = (
         callers=(OTHER_THREAD,),
         states=(LEFT_OPEN,),
     ),
-    # Predicted, until `hazard_matrix --left-open` measures every cell: a left-open capture
-    # refuses whatever an active one refuses, with the same result, except that a query of
-    # the capturing stream itself answers INVALIDATED (its capture is broken already).
+    # The rest of the left-open cells, measured on the H200 by `hazard_matrix --left-open`
+    # (2026-12-02, driver 580.159.04): a left-open capture refuses whatever an active one
+    # refuses, with the same result, except a query of the capturing stream itself.
     _rule(
         "left-open-always",
         ("ctx_sync",),
         UNSUPPORTED,
         "the context keeps a capturing stream until the capture is ended",
         states=(LEFT_OPEN,),
-        measured=False,
+    ),
+    _rule(
+        "left-open-relaxed-capturing-stream",
+        ("stream_query_capturing",),
+        UNSUPPORTED,
+        "RELAXED: a query of the capturing stream is refused, as while the capture is valid",
+        modes=(CaptureMode.RELAXED,),
+        states=(LEFT_OPEN,),
     ),
     _rule(
         "left-open-capturing-stream",
         ("stream_query_capturing",),
         INVALIDATED,
-        "the capturing stream itself reports its broken capture, whichever context is current",
-        devices=DEVICES,
+        "GLOBAL, THREAD_LOCAL: the capturing stream reports its broken capture",
+        modes=(CaptureMode.GLOBAL, CaptureMode.THREAD_LOCAL),
+        states=(LEFT_OPEN,),
+    ),
+    _rule(
+        "left-open-capturing-stream-other-device",
+        ("stream_query_capturing",),
+        INVALIDATED,
+        "the capturing stream answers as in its own context, whichever context is current",
+        modes=(CaptureMode.GLOBAL, CaptureMode.THREAD_LOCAL),
+        devices=(OTHER_DEVICE,),
+        states=(LEFT_OPEN,),
+        measured=False,
+    ),
+    _rule(
+        "left-open-relaxed-capturing-stream-other-device",
+        ("stream_query_capturing",),
+        UNSUPPORTED,
+        "RELAXED: as in the capture's own context, whichever context is current",
+        modes=(CaptureMode.RELAXED,),
+        devices=(OTHER_DEVICE,),
         states=(LEFT_OPEN,),
         measured=False,
     ),
@@ -280,7 +306,6 @@ RULES: tuple[Rule, ...] = (
         "GLOBAL's prohibition lasts until the capture is ended, not until it is invalidated",
         modes=(CaptureMode.GLOBAL,),
         states=(LEFT_OPEN,),
-        measured=False,
     ),
     _rule(
         "left-open-thread-local-same-thread",
@@ -290,7 +315,6 @@ RULES: tuple[Rule, ...] = (
         modes=(CaptureMode.THREAD_LOCAL,),
         callers=(SAME_THREAD,),
         states=(LEFT_OPEN,),
-        measured=False,
     ),
     _rule(
         "left-open-legacy-implicit",
@@ -299,7 +323,6 @@ RULES: tuple[Rule, ...] = (
         "legacy-stream work still joins a blocking stream that is capturing",
         streams=(StreamKind.BLOCKING,),
         states=(LEFT_OPEN,),
-        measured=False,
     ),
 )
 

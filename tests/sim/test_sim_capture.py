@@ -208,8 +208,11 @@ def test_synchronizing_the_capturing_stream_breaks_it(sim_backend: SimBackend) -
     with pytest.raises(CudaError) as info:
         b.stream_synchronize(stream)
     assert info.value.result == "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
-    with pytest.raises(CaptureInvalidated):
+    # RELAXED: a query of the broken capture's stream is still refused (H200, 2026-12-02,
+    # hazard_matrix --left-open); GLOBAL and THREAD_LOCAL answer INVALIDATED instead.
+    with pytest.raises(CudaError) as info:
         b.stream_query(stream)
+    assert info.value.result == "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
     with pytest.raises(CaptureInvalidated):
         b.stream_end_capture(stream)
 
