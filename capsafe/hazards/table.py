@@ -255,7 +255,7 @@ RULES: tuple[Rule, ...] = (
     ),
     # The rest of the left-open cells, measured on the H200 by `hazard_matrix --left-open`
     # (2026-12-02, driver 580.159.04): a left-open capture refuses whatever an active one
-    # refuses, with the same result, except a query of the capturing stream itself.
+    # refuses, with the same result (a query of the capturing stream too: not INVALIDATED).
     _rule(
         "left-open-always",
         ("ctx_sync",),
@@ -264,37 +264,17 @@ RULES: tuple[Rule, ...] = (
         states=(LEFT_OPEN,),
     ),
     _rule(
-        "left-open-relaxed-capturing-stream",
-        ("stream_query_capturing",),
-        UNSUPPORTED,
-        "RELAXED: a query of the capturing stream is refused, as while the capture is valid",
-        modes=(CaptureMode.RELAXED,),
-        states=(LEFT_OPEN,),
-    ),
-    _rule(
         "left-open-capturing-stream",
         ("stream_query_capturing",),
-        INVALIDATED,
-        "GLOBAL, THREAD_LOCAL: the capturing stream reports its broken capture",
-        modes=(CaptureMode.GLOBAL, CaptureMode.THREAD_LOCAL),
+        UNSUPPORTED,
+        "a query of the capturing stream is refused, as while the capture was valid",
         states=(LEFT_OPEN,),
     ),
     _rule(
         "left-open-capturing-stream-other-device",
         ("stream_query_capturing",),
-        INVALIDATED,
-        "the capturing stream answers as in its own context, whichever context is current",
-        modes=(CaptureMode.GLOBAL, CaptureMode.THREAD_LOCAL),
-        devices=(OTHER_DEVICE,),
-        states=(LEFT_OPEN,),
-        measured=False,
-    ),
-    _rule(
-        "left-open-relaxed-capturing-stream-other-device",
-        ("stream_query_capturing",),
         UNSUPPORTED,
-        "RELAXED: as in the capture's own context, whichever context is current",
-        modes=(CaptureMode.RELAXED,),
+        "the query names the capturing stream itself, whichever context is current",
         devices=(OTHER_DEVICE,),
         states=(LEFT_OPEN,),
         measured=False,

@@ -43,7 +43,7 @@ def fork_refusal() -> str | None:
     """Why this process must not fork a test process now, None when it may."""
     if not hasattr(os, "fork"):
         return "this platform has no os.fork"
-    return other_threads() or cuda_in_use()
+    return cuda_in_use() or other_threads()  # CUDA first: its driver threads say less
 
 
 def other_threads() -> str | None:

@@ -208,8 +208,8 @@ def test_synchronizing_the_capturing_stream_breaks_it(sim_backend: SimBackend) -
     with pytest.raises(CudaError) as info:
         b.stream_synchronize(stream)
     assert info.value.result == "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
-    # RELAXED: a query of the broken capture's stream is still refused (H200, 2026-12-02,
-    # hazard_matrix --left-open); GLOBAL and THREAD_LOCAL answer INVALIDATED instead.
+    # A query of the broken capture's stream is still refused, in every mode (H200,
+    # 2026-12-02, hazard_matrix --left-open), not answered INVALIDATED.
     with pytest.raises(CudaError) as info:
         b.stream_query(stream)
     assert info.value.result == "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
