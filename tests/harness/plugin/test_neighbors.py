@@ -21,14 +21,6 @@ from capsafe_harness.records import Record, read_records
 pytest_plugins = ["pytester"]
 
 
-@pytest.fixture
-def sim_process_driver() -> Backend:
-    if driver.get().name != "sim":
-        pytest.skip("drives the process-wide driver; needs it to be the simulated one")
-    context.device(0)
-    return driver.get()
-
-
 def test_kinds_cover_every_capture_breaking_row_they_can() -> None:
     rows = {BY_NAME[n].row for n in nb.issued_calls()}
     skipped = {BY_NAME[n].row for n in nb.NOT_ISSUED} | PREPARED_BY_CAPTURE  # never looped
