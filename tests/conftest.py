@@ -7,6 +7,8 @@ Contract (other test modules rely on these names):
 - `backend`: the same setup, parametrized over "sim" and "cuda"; the "cuda"
   case carries the `cuda` marker, so it skips with a reason on machines without a GPU.
 - `sim_kernel`: `sim_kernel(name, fn)` registers a kernel stand-in for this test only.
+- `sim_process_driver`: the process-wide driver (what neighbour threads and
+  `capsafe.device()` use) with device 0 bound; skips unless it is the simulated one.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import TypeVar
 
 import pytest
 
+from capsafe import context, driver
 from capsafe.backend import Backend
 from capsafe.sim import KernelStandIn, SimBackend, kernel_standin
 
@@ -68,3 +71,11 @@ def sim_kernel() -> Iterator[Callable[[str, KernelStandIn], KernelStandIn]]:
             return stack.enter_context(kernel_standin(name, fn))
 
         yield register
+
+
+@pytest.fixture
+def sim_process_driver() -> Backend:
+    if driver.get().name != "sim":
+        pytest.skip("drives the process-wide driver; needs it to be the simulated one")
+    context.device(0)
+    return driver.get()

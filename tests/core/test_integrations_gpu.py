@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,10 +16,10 @@ from capsafe.backend import Backend
 from capsafe.errors import CudaError
 from capsafe.integrations import cuda_core as cuda_core_integration
 from capsafe.integrations import cupy as cupy_integration
+from capsafe_repro.window import NEIGHBOUR_THREAD, hold_open
 
 pytestmark = [pytest.mark.cuda, pytest.mark.timeout(120)]
 SUITE = Path(__file__).parents[2] / "repro" / "suites" / "cuda_core_capture"
-WINDOW_S = 0.05
 
 
 @pytest.fixture
@@ -34,7 +33,9 @@ def gpu() -> Backend:
 
 @contextlib.contextmanager
 def neighbour(drv: Backend) -> Iterator[None]:
-    """A thread calling cuCtxSynchronize through the facade; it breaks any capture beside it."""
+    """A thread calling cuCtxSynchronize through the facade; it breaks any capture beside it.
+    Named as the harness names its neighbours, so `hold_open` keeps a window open until its
+    calls met the capture (entered the gate, or wait at it), however loaded the machine."""
     stop = threading.Event()
 
     def run() -> None:
@@ -43,7 +44,7 @@ def neighbour(drv: Backend) -> Iterator[None]:
             with contextlib.suppress(CudaError):
                 drv.ctx_synchronize()
 
-    thread = threading.Thread(target=run, name="neighbour", daemon=True)
+    thread = threading.Thread(target=run, name=f"{NEIGHBOUR_THREAD}0", daemon=True)
     thread.start()
     try:
         yield
@@ -58,7 +59,7 @@ def cupy_capture(cupy: Any, x: Any) -> Any:
     with stream:
         stream.begin_capture()  # RELAXED, CuPy's default
         try:
-            time.sleep(WINDOW_S)
+            hold_open()
             y = x * 2 + 1  # pool growth on the capturing thread, inside the window
         finally:
             graph = stream.end_capture()  # raises when the capture was invalidated
@@ -94,7 +95,7 @@ def test_cupy_capture_block_for_new_code(gpu: Backend) -> None:
     x = cupy.ones(1 << 16, dtype=cupy.float32)
     stream = cupy.cuda.Stream(non_blocking=True)
     with neighbour(gpu), cupy_integration.capture(stream, "relaxed") as cap:
-        time.sleep(WINDOW_S)
+        hold_open()
         y = x + 1
     cap.graph.launch(stream)
     stream.synchronize()

@@ -305,7 +305,7 @@ def test_a_fork_while_another_thread_holds_the_cache_lock_does_not_hang_the_chil
 
     holder = threading.Thread(target=hold)
     holder.start()
-    taken.wait(10)
+    assert taken.wait(60)  # a hang watchdog: unasserted, a late holder made it vacuous
     pid = os.fork()
     if pid == 0:  # the child: one lookup, then out, whatever happens
         code = 1

@@ -1,11 +1,7 @@
-import time
-
 import capsafe
 from capsafe import driver
 from capsafe.handles import CaptureMode
-
-# Long enough that a neighbour thread's synchronizing call lands inside the window.
-WINDOW_S = 0.05
+from capsafe_repro.window import hold_open  # the window spans the neighbours' calls
 
 
 def test_raw_global_capture():
@@ -15,7 +11,7 @@ def test_raw_global_capture():
     stream = drv.stream_create(nonblocking=True)
     try:
         drv.stream_begin_capture(stream, CaptureMode.GLOBAL)
-        time.sleep(WINDOW_S)
+        hold_open()
         drv.graph_destroy(drv.stream_end_capture(stream))
     finally:
         drv.stream_destroy(stream)
@@ -28,7 +24,7 @@ def test_protected_capture():
     stream = drv.stream_create(nonblocking=True)
     try:
         with capsafe.capture(stream, CaptureMode.GLOBAL) as cap:
-            time.sleep(WINDOW_S)
+            hold_open()
         drv.graph_destroy(cap.graph)
     finally:
         drv.stream_destroy(stream)

@@ -1,11 +1,7 @@
-import time
-
 import capsafe
 from capsafe import driver
 from capsafe.handles import CaptureMode
-
-# Long enough that a neighbour thread's synchronizing call lands inside the window.
-WINDOW_S = 0.05
+from capsafe_repro.window import hold_open  # the window spans the neighbours' calls
 
 
 def test_raw_relaxed_capture():
@@ -16,7 +12,7 @@ def test_raw_relaxed_capture():
     stream = drv.stream_create(nonblocking=False)
     try:
         drv.stream_begin_capture(stream, CaptureMode.RELAXED)
-        time.sleep(WINDOW_S)
+        hold_open()
         drv.graph_destroy(drv.stream_end_capture(stream))
     finally:
         drv.stream_destroy(stream)

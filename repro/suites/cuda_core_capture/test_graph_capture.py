@@ -1,14 +1,12 @@
 """Three cuda.core graph captures, each with an allocation made before it and one inside it."""
 
 import contextlib
-import time
 
 from cuda.core import Device, GraphMemoryResource
 
 from capsafe.integrations import cuda_core as integration
+from capsafe_repro.window import hold_open  # the window spans the neighbours' calls
 
-# Long enough that a neighbour thread's synchronizing call lands inside the window.
-WINDOW_S = 0.05
 N = 1 << 16
 
 
@@ -22,7 +20,7 @@ def three_captures(capture):
         with capture(builder):
             # A graph allocation, captured (cuda.core 1.2 refuses the device's pool here).
             inside = GraphMemoryResource(device).allocate(N, stream=builder)
-            time.sleep(WINDOW_S)  # a neighbour's call lands here; the fill then reports it
+            hold_open()  # the neighbours' calls land here; the fill then reports it
             inside.fill(7, stream=builder)
             inside.close(builder)
         graph = builder.complete()

@@ -30,14 +30,14 @@ sys.modules["cupy"] = fakes.fake_cupy(driver.raw())
 """
 
 CAPTURE_TEST = """
-import time
 import capsafe, cupy
+from capsafe_repro.window import hold_open
 
 def test_cupy_capture_beside_neighbours():
     capsafe.device(0)
     stream = cupy.cuda.Stream()
     stream.begin_capture()
-    time.sleep(0.1)
+    hold_open()  # until the neighbours' calls met the capture, however slow the machine
     stream.end_capture()
 """
 
@@ -161,7 +161,7 @@ def test_a_capture_left_open_by_a_test_is_released_after_it(
                 with gate():
                     done.set()
             threading.Thread(target=shared, daemon=True).start()
-            assert done.wait(5)
+            assert done.wait(60)  # a hang watchdog: it enters at once
         """
     )
     result = run("--capsafe-protect=cupy", "-W", "default")

@@ -32,7 +32,7 @@ def test_capture_begun_past_cupy():
     capsafe.device(0)
     stream = cupy.cuda.Stream()
     driver.raw().stream_begin_capture(stream.handle, CaptureMode.RELAXED)
-    time.sleep(0.1)
+    hold_open()
     driver.raw().stream_end_capture(stream.handle)
 """
 LEAN = ["--", "-p", "no:run-parallel", "-p", "no:hypothesispytest"]

@@ -35,17 +35,27 @@ SUITES = Path(__file__).resolve().parents[3] / "repro" / "suites"
 FAST = ["--", "-p", "no:run-parallel", "-p", "no:hypothesispytest"]
 
 # Kills the Ray worker that started this pytest process (its parent), only under Ray:
-# under the local executor the parent is the sweep, which must never be hit.
+# under the local executor the parent is the sweep, which must never be hit. It kills
+# mid-test, once its setup row has streamed to the sweep: the sweep writes what a task
+# streams into raw/RUN_ID/ (emptied at each attempt's start), beside raw/shared.
 KILL_WORKER = """\
 import os
 import signal
+import sys
 import time
 from pathlib import Path
+
+def _setup_streamed():
+    run_id = next(a.split("=", 1)[1] for a in sys.argv if a.startswith("--capsafe-run-id="))
+    raw = Path(os.environ["CAPSAFE_SWEEP_SHARED"]).parent / run_id
+    return any(b'"phase":"setup"' in p.read_bytes() for p in raw.glob("*.jsonl"))
 
 def _kill_the_ray_worker():
     parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
     if parent.startswith(b"ray::"):  # a Ray worker names itself after its task
-        time.sleep(1)  # mid-test: its setup row has streamed to the sweep
+        give_up = time.monotonic() + 120  # a hang watchdog: it streams in 50 ms
+        while not _setup_streamed() and time.monotonic() < give_up:
+            time.sleep(0.05)
         os.kill(os.getppid(), signal.SIGKILL)
         os._exit(1)
 """
@@ -77,7 +87,7 @@ def ray_address() -> Iterator[str]:
 def _sweep(suite: Path, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "capsafe.cli", "sweep", "--no-progress", str(suite),
-         "--out", str(out), "--timeout", "10", *args, *FAST],
+         "--out", str(out), *args, *FAST],  # the default --timeout: 60 s, a hang watchdog
         capture_output=True, text=True, timeout=280,
     )  # fmt: skip
 

@@ -185,56 +185,122 @@ def test_failing_every_rerun_alone_but_passing_in_the_suite_is_not_fail(tmp_path
 
 # -- problems 5 and 9: tests colliding in one working directory ------------------------
 
+# The planted collisions must not hinge on when each process started (on a loaded machine
+# process starts differ by seconds), yet a process run alone must never wait. So a test
+# meets only the processes it knows run beside it: the other xdist workers of its run
+# (xdist starts no test before every worker has collected, and the conftest registers a
+# worker before it reports its collection), or, in the pair run the sweep starts to try a
+# partner (run id `beside-N`), the one other process of the pair, which may not have
+# started yet but is sure to come. `meet(step)` returns once each of them has reached the
+# same step or ended its session: no wall-clock limit; a partner that never comes is a
+# hang, for the sweep's per-test timeout and the stall watchdog.
+SIDE_BY_SIDE = """
+    import os
+    import shutil
+    import time
+
+    _group = None  # (directory, peers expected, a pair?) once this process registered
+    _seen = set()  # peers of a pair seen alive: one that ends afterwards still counts
+
+    def register(config):
+        global _group
+        worker = getattr(config, "workerinput", None)
+        if worker is not None:
+            name, peers = "xdist-" + worker["testrunuid"], worker["workercount"] - 1
+        elif str(config.getoption("capsafe_run_id", None) or "").startswith("beside-"):
+            name, peers = "beside", 1
+        else:
+            return
+        directory = os.path.join(os.environ["CAPSAFE_SWEEP_SHARED"], name)
+        mine = os.path.join(directory, str(os.getpid()))
+        shutil.rmtree(mine, ignore_errors=True)  # a reused pid's markers
+        os.makedirs(mine)
+        _group = (directory, peers, name == "beside")
+
+    def _mark(step):
+        open(os.path.join(_group[0], str(os.getpid()), step), "w").close()
+
+    def ended():
+        if _group is not None:
+            _mark("ended")
+
+    def _gone(directory, pid):
+        if os.path.exists(os.path.join(directory, pid, "ended")):
+            return True
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return True  # killed before its session ended
+        except PermissionError:
+            pass
+        return False
+
+    def meet(step):
+        \"\"\"Wait until each process beside this one has reached `step` or ended.\"\"\"
+        if _group is None:
+            return  # nothing runs beside this process
+        directory, peers, pair = _group
+        _mark(step)
+        while True:
+            reached = {}
+            for pid in os.listdir(directory):
+                if pid == str(os.getpid()):
+                    continue
+                gone = _gone(directory, pid)
+                if pair and gone and pid not in _seen:
+                    continue  # a pair tried before this one
+                _seen.add(pid)
+                reached[pid] = gone or os.path.exists(os.path.join(directory, pid, step))
+            if len(reached) >= peers and all(reached.values()):
+                return
+            time.sleep(0.01)
+"""
+
+SIDE_CONFTEST = """
+    import pytest
+    import side
+
+    @pytest.hookimpl(tryfirst=True)  # before xdist's worker reports its collection
+    def pytest_collection_finish(session):
+        side.register(session.config)
+
+    def pytest_sessionfinish(session):
+        side.ended()
+"""
+
 COLLIDING = """
     import contextlib
     import os
-    import time
 
-    def _meet(what, me, other):
-        # Wait (6 s at most: on a loaded machine process starts differ by seconds) for the
-        # other test when it runs in another process at the same time, so the collision does
-        # not hinge on when each process started. Each consumes the other's marker, and one
-        # nobody came for is taken back: none is left stale.
-        shared = os.environ["CAPSAFE_SWEEP_SHARED"]
-        mine, theirs = (os.path.join(shared, f"{what}-{n}") for n in (me, other))
-        open(mine, "w").close()
-        deadline = time.monotonic() + 6
-        while not os.path.exists(theirs):
-            if time.monotonic() > deadline:
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(mine)
-                return False
-            time.sleep(0.01)
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(theirs)
-        return True
+    from side import meet
 
-    def _roundtrip(me, other):
-        met = _meet("started", me, other)
+    def _roundtrip(me):
+        meet("started")  # both are in the test before either writes
         try:
             with open("shared-output.txt", "a") as f:  # one file in the working directory
                 f.write(me)
-            if met:
-                _meet("wrote", me, other)
+            meet("wrote")
             assert open("shared-output.txt").read() == me
         finally:
+            meet("read")  # nobody removes it while the other still reads it
             with contextlib.suppress(FileNotFoundError):
                 os.remove("shared-output.txt")
 
     def test_writes_a():
-        _roundtrip("a", "b")
+        _roundtrip("a")
 
     def test_writes_b():
-        _roundtrip("b", "a")
+        _roundtrip("b")
 """
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)  # each rerun alone waits 6 s for a partner that never comes
+@pytest.mark.timeout(600)  # a hang watchdog
 def test_tests_that_collide_across_workers_are_parallel_unsafe_with_the_other_named(
     tmp_path: Path,
 ) -> None:
-    suite = make_suite(tmp_path / "suite", test_collide=COLLIDING)
+    suite = make_suite(tmp_path / "suite", side=SIDE_BY_SIDE, conftest=SIDE_CONFTEST,
+                       test_collide=COLLIDING)  # fmt: skip
     out = tmp_path / "o"
     done = sweep(".", "--runs", "2", "--workers", "2", "--seed", "1", "--isolation-runs", "1",
                  "--out", str(out), *FAST,
@@ -243,6 +309,7 @@ def test_tests_that_collide_across_workers_are_parallel_unsafe_with_the_other_na
     tests = by_id(summary_of(out))
     for me, other in (("a", "b"), ("b", "a")):
         test = tests[f"test_collide.py::test_writes_{me}"]
+        assert (test["failures"], test["runs"]) == (2, 2), test  # xdist parts them every run
         assert test["isolation_failures"] == 0, test  # reruns alone never shared the cwd
         assert test["classification"] == "parallel-unsafe", test
         assert test["concurrent"] == [f"test_collide.py::test_writes_{other}"]
@@ -251,28 +318,32 @@ def test_tests_that_collide_across_workers_are_parallel_unsafe_with_the_other_na
     assert "parallel-unsafe" in done.stderr
 
 
+PARALLEL_ONLY = """
+    from side import meet
+
+    def test_needs_no_xdist(request):
+        meet("started")  # the other worker's test runs while this one does
+        assert not hasattr(request.config, "workerinput")  # an xdist worker's
+
+    def test_busy():
+        meet("started")
+"""
+
+
 @pytest.mark.slow  # two workers side by side, then sequence and pair reruns
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(600)  # a hang watchdog
 def test_a_parallel_only_failure_no_partner_reproduces_names_no_collision(tmp_path: Path) -> None:
-    # It fails under xdist whoever runs beside it: the tests beside it are listed as having
-    # run at the same time, but none is named as colliding with it.
-    suite = make_suite(
-        tmp_path / "suite",
-        test_x=(
-            "import time\n"
-            "def test_needs_no_xdist(request):\n    time.sleep(0.2)\n"
-            "    assert not hasattr(request.config, 'workerinput')\n"  # an xdist worker's
-            "def test_busy_a():\n    time.sleep(1.5)\n"
-            "def test_busy_b():\n    time.sleep(1.5)\n"
-            "def test_busy_c():\n    time.sleep(1.5)\n"
-        ),
-    )  # the other worker is busy while it runs
+    # It fails under xdist whoever runs beside it: the test beside it is listed as having
+    # run at the same time, but is not named as colliding with it.
+    suite = make_suite(tmp_path / "suite", side=SIDE_BY_SIDE, conftest=SIDE_CONFTEST,
+                       test_x=PARALLEL_ONLY)  # fmt: skip
     out = tmp_path / "o"
     done = sweep(".", "--runs", "2", "--workers", "2", "--seed", "1", "--out", str(out), *FAST,
                  cwd=suite, timeout=570)  # fmt: skip
     test = by_id(summary_of(out))["test_x.py::test_needs_no_xdist"]
     assert test["classification"] == "parallel-unsafe", (test, done.stderr)
-    assert test["concurrent"] and test["collides_with"] == []
+    assert (test["failures"], test["runs"]) == (2, 2), test
+    assert test["concurrent"] == ["test_x.py::test_busy"] and test["collides_with"] == []
     assert "none of them alone made it fail 3 of 3" in test["why"]
 
 
