@@ -117,6 +117,7 @@ class ForkedProcess(WatchedProcess):
             replay_file=self.replay.replay_file,
             neighbors=self.replay.neighbors,
             neighbor_calls=self.replay.neighbor_calls,
+            argv=tuple(self.cmd[len(PYTEST) + 1 :]),  # a fresh `python -m pytest ARGS`'s
         )
         try:
             self.proc = self.server.submit(job)

@@ -86,14 +86,17 @@ class Job:
     replay_file: str | None = None  # shown in the plugin's header only
     neighbors: int = 0  # --capsafe-neighbors: threads started in the child after collection
     neighbor_calls: str | None = None  # --capsafe-neighbor-calls
+    argv: tuple[str, ...] = ()  # sys.argv[1:] of the fresh process it stands for
 
     def to_json(self) -> str:
-        return json.dumps({"op": "run", **self.__dict__, "nodeids": list(self.nodeids)})
+        return json.dumps({"op": "run", **self.__dict__, "nodeids": list(self.nodeids),
+                           "argv": list(self.argv)})  # fmt: skip
 
     @classmethod
     def from_message(cls, message: dict[str, Any]) -> Job:
         fields = {k: v for k, v in message.items() if k != "op"}
-        return cls(**{**fields, "nodeids": tuple(fields["nodeids"])})
+        return cls(**{**fields, "nodeids": tuple(fields["nodeids"]),
+                      "argv": tuple(fields.get("argv", ()))})  # fmt: skip
 
 
 class Server:
@@ -204,6 +207,8 @@ def _become(session: pytest.Session, job: Job) -> None:
     """Turn this forked child into a fresh replay process for `job`, right after collection."""
     atexit._clear()  # the server's handlers (import time) run once, in the server
     os.environ.update(job.env)  # on what the suite's imports left (a conftest's setdefault)
+    if job.argv:  # what a test reading sys.argv would see in the fresh process
+        sys.argv[1:] = job.argv
     _reseed_numpy()
     _redirect_output(job.log)
     config = session.config

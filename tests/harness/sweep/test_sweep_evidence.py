@@ -201,9 +201,11 @@ SIDE_BY_SIDE = """
 
     _group = None  # (directory, peers expected, a pair?) once this process registered
     _seen = set()  # peers of a pair seen alive: one that ends afterwards still counts
+    _config = None
 
     def register(config):
-        global _group
+        global _group, _config
+        _config = config
         worker = getattr(config, "workerinput", None)
         if worker is not None:
             name, peers = "xdist-" + worker["testrunuid"], worker["workercount"] - 1
@@ -237,6 +239,8 @@ SIDE_BY_SIDE = """
 
     def meet(step):
         \"\"\"Wait until each process beside this one has reached `step` or ended.\"\"\"
+        if _group is None and _config is not None:
+            register(_config)  # a forked replay learns its run id after collection
         if _group is None:
             return  # nothing runs beside this process
         directory, peers, pair = _group
