@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ORACLES = {
     "capsafe/gate.py": (
         "tests/core/test_gate_guarantees.py",
+        "tests/core/test_gate_failures.py",
         "tests/core/test_gate_bookkeeping.py",
         "tests/core/test_signal_points.py",
         "tests/core/test_gate.py",
