@@ -319,6 +319,89 @@ def test_a_section_that_steps_back_out_wakes_the_capture_it_blocked(
     assert g.stats().holders == ()
 
 
+class HeldNotifications(CountingCondition):
+    """Notifications held back until `let_go()` (the section sleeps through the capture's
+    end); then `victim`'s wait raises KeyboardInterrupt once, as a signal there would."""
+
+    def __init__(self, lock: threading.RLock, victim: str) -> None:
+        super().__init__(lock)
+        self.victim, self.holding, self.fired = victim, True, False
+
+    def notify_all(self) -> None:
+        if not self.holding:
+            super().notify_all()
+
+    def let_go(self) -> None:  # with the lock held
+        self.holding = False
+        super().notify_all()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        result = super().wait(timeout)
+        mine = threading.current_thread().name == self.victim
+        if mine and not self.holding and not self.fired:
+            self.fired = True
+            raise KeyboardInterrupt
+        return result
+
+
+def test_a_section_giving_back_its_grant_wakes_the_capture_waiting_on_it(
+    monkeypatch: pytest.MonkeyPatch, no_polling: None
+) -> None:
+    """A section granted entry ahead of the next capture is interrupted before it uses
+    the grant, and a second signal lands at the wake-up in enter()'s own cleanup: the
+    wait's cleanup must already have woken the capture that waits on the grant."""
+    g = CaptureGate(fairness_s=3600.0)
+    first = g.begin_capture(timeout=JOIN_S)
+    sections, captures = HeldNotifications(g._lock, "section"), CountingCondition(g._lock)
+    g._may_enter, g._may_capture = sections, captures
+
+    def section() -> None:
+        with pytest.raises(Second) as raised:
+            g.enter("mem_alloc")
+        assert isinstance(raised.value.__context__, KeyboardInterrupt)
+
+    section_thread = spawn(section, name="section")
+    until(lambda: sections.waits.get("section", 0) == 1, "the section waiting an hour")
+    capturer = spawn(lambda: g.begin_capture(timeout=None).release(), name="capturer")
+    until(lambda: captures.waits.get("capturer", 0) == 1, "the capture waiting")
+    g.fairness_s = 0.0  # at this capture's end the section is old enough for a grant
+    first.release()  # grants the section (its wake-up held back) and wakes the capture
+    until(lambda: captures.waits["capturer"] == 2, "the capture waiting on the grant")
+    monkeypatch.setattr(g, "_wake", raising_once(g._wake, Second))
+    with g._lock:
+        sections.let_go()
+    join(section_thread)
+    join(capturer, timeout=WAKE_S)  # woken by the returned grant, not by a poll
+    assert g.stats().holders == ()
+
+
+def test_a_fork_from_a_finalizer_in_a_wait_leaves_the_child_free_to_capture() -> None:
+    """The forking thread keeps its record in the child, where it waits for nothing."""
+    g = CaptureGate()
+    statuses: list[int] = []
+
+    def fork_here() -> None:
+        pid = os.fork()
+        if pid == 0:
+            code = 4
+            try:
+                g.begin_capture(timeout=JOIN_S).release()
+                with g:
+                    code = 0
+            finally:
+                os._exit(code)
+        statuses.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+
+    g._may_enter = CallbackCondition(g._lock, "waiter", fork_here)
+    guard = g.begin_capture(timeout=JOIN_S)
+    waiter = spawn(one_section(g), name="waiter")
+    assert g._may_enter.ran.wait(JOIN_S)
+    until(lambda: len(statuses) == 1, "the child's exit")
+    guard.release()
+    join(waiter)
+    assert statuses == [0]
+
+
 # -- finalizers landing in a wait ----------------------------------------------------------
 def recording(
     g: CaptureGate, outcome: list[BaseException | None], action: Callable[[], None]
