@@ -251,3 +251,42 @@ def test_a_reset_between_tests_replaces_the_process_gate_and_leaves_others_alone
     assert gate_module.gate() is not before
     assert g.stats().open_captures == 1 and not guard.released  # not a fork: kept
     assert guard.release() is True and g.stats().open_captures == 0
+
+
+# -- found by a wider sample of mutants ----------------------------------------------------
+def test_a_nested_capture_drains_admitted_sections_only_not_idle_threads() -> None:
+    """Another thread that has used the gate and now holds nothing (alive, depth 0)
+    runs no driver call beside the capture: a nested capture does not wait for it."""
+    g = CaptureGate()
+    used, stop = threading.Event(), threading.Event()
+
+    def idle() -> None:
+        with g:
+            pass
+        used.set()
+        assert stop.wait(JOIN_S)
+
+    thread = spawn(idle, name="idle")
+    assert used.wait(JOIN_S)
+    try:
+        with g.begin_capture(harmful=frozenset({"ctx_synchronize"}), timeout=JOIN_S):
+            g.begin_capture(harmful=None, timeout=JOIN_S).release()
+    finally:
+        stop.set()
+        join(thread)
+    assert g.stats().capture_waits == 0
+
+
+def test_a_release_deferred_in_a_window_waits_for_its_end_when_another_section_enters() -> None:
+    """A section admitted beside the capture passes the gate's slow path, which runs the
+    releases deferred while no capture is open or coming; one is open: not yet."""
+    g = CaptureGate()
+    released: list[str] = []
+    guard = g.begin_capture(harmful=frozenset({"ctx_synchronize"}), timeout=JOIN_S)
+    assert g.defer_if_capturing(released.append, "freed")  # a finalizer in the window
+    entered = threading.Event()
+    join(spawn(one_section(g, entered), name="admitted"))
+    assert entered.is_set() and g.stats().admitted_measured == 1
+    assert released == []
+    guard.release()
+    assert released == ["freed"]
