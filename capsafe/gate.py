@@ -693,31 +693,38 @@ class CaptureGate:
         ]
 
     def _release(self, guard: CaptureGuard) -> bool:
-        with self._lock:
-            if guard._released:
-                return False
-            if guard._generation != self._generation:
+        deferred: list[_Deferred] = []
+        try:
+            with self._lock:
+                if guard._released:
+                    return False
+                if guard._generation != self._generation:
+                    guard._released = True
+                    return True  # taken before fork: the child's gate never held it
+                remaining = [g for g in self._guards if g is not guard]
+                if not remaining and self._teardown:
+                    self._run_teardown_locked()  # still exclusive: nothing begins beside it
+                # Stores only from here to the end of the transition: a signal lands at a
+                # call, so the gate is never left half released (owner kept, guard gone).
                 guard._released = True
-                return True  # taken before fork: the child's gate never held it
-            remaining = [g for g in self._guards if g is not guard]
-            if not remaining and self._teardown:
-                self._run_teardown_locked()  # still exclusive: nothing begins beside it
-            # Stores only from here to the end of the transition: a signal lands at a
-            # call, so the gate is never left half released (owner kept, guard gone).
-            guard._released = True
-            self._guards = remaining
-            if remaining:
-                self._harmful = _union_all(g.harmful for g in remaining)
-                return True
-            guard.record.aside = False
-            self._owner = None
-            self._harmful = _NOTHING
-            self._closed = self._writers_waiting > 0
-            if self._wake_waiting_sections():
-                self._may_enter.notify_all()
-            deferred, self._deferred = self._deferred, []
-            self._may_capture.notify_all()
-        _run_deferred(deferred)
+                self._guards = remaining
+                if remaining:
+                    self._harmful = _union_all(g.harmful for g in remaining)
+                    return True
+                guard.record.aside = False
+                self._owner = None
+                self._harmful = _NOTHING
+                self._closed = self._writers_waiting > 0
+                if self._wake_waiting_sections():
+                    self._may_enter.notify_all()
+                self._may_capture.notify_all()
+                # Taken last: a signal at a wake-up above leaves them on the gate, for
+                # _finish_release to run.
+                deferred, self._deferred = self._deferred, []
+            _run_deferred(deferred)
+        except BaseException:
+            self._give_back(deferred)
+            raise
         return True
 
     def _finish_release(self, guard: CaptureGuard) -> None:
@@ -751,7 +758,18 @@ class CaptureGate:
             if self._owner is not None or self._writers_waiting or not self._deferred:
                 return
             deferred, self._deferred = self._deferred, []
-        _run_deferred(deferred)
+        try:
+            _run_deferred(deferred)
+        except BaseException:
+            self._give_back(deferred)
+            raise
+
+    def _give_back(self, deferred: list[_Deferred]) -> None:
+        # Deferred releases taken off the gate that a signal stopped before they ran go
+        # back to its queue (the next capture end, or _finish_release, runs them).
+        if deferred:
+            with self._lock:
+                self._deferred[:0] = deferred
 
     def owned_by_current_thread(self) -> bool:
         """True while this thread holds the exclusive side (a capture of its own is open)."""
@@ -800,7 +818,11 @@ class CaptureGate:
         # Called under the lock while no other thread can begin a capture (the ending
         # one still holds the exclusive side, or none holds or waits for it).
         teardown, self._teardown = self._teardown, []
-        _run_deferred(teardown)
+        try:
+            _run_deferred(teardown)
+        except BaseException:
+            self._teardown[:0] = teardown  # those a signal stopped before they ran
+            raise
 
     # -- observability --------------------------------------------------------
     def holders(self) -> tuple[Holder, ...]:
@@ -912,7 +934,9 @@ def _union_all(sets: Iterator[frozenset[str] | None]) -> frozenset[str] | None:
 
 
 def _run_deferred(deferred: list[_Deferred]) -> None:
-    for fn, args, kwargs in deferred:
+    """Run and remove each in turn: what an exception stops before it runs stays listed."""
+    while deferred:
+        fn, args, kwargs = deferred.pop(0)
         try:
             fn(*args, **kwargs)
         except Exception:  # one failed release must not leak the others

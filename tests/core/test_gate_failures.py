@@ -645,3 +645,46 @@ def test_a_signal_in_a_wrapped_call_closes_the_section_and_reaches_the_caller(
     assert g._tls.rec.depth == 0
     assert g.stats().holders == ()
     join(spawn(lambda: g.begin_capture(timeout=JOIN_S).release(), name="next"))
+
+
+# -- a signal in the release's last steps ------------------------------------------------
+
+
+@pytest.mark.parametrize("at", ["_may_enter", "_may_capture"])
+def test_a_signal_at_a_release_wake_up_loses_no_deferred_release(at: str) -> None:
+    # A finalizer's release deferred in this thread's capture must run once the release
+    # is over, even when a signal lands at one of the release's wake-ups (before, the
+    # deferred list was taken off the gate before the last wake-up, and lost with it).
+    gate = CaptureGate()
+    ran: list[int] = []
+    guard = gate.begin_capture()
+    assert gate.defer_if_capturing(ran.append, 1)
+    condition = getattr(gate, at)
+    condition.notify_all = raising_once(condition.notify_all)
+    if at == "_may_enter":  # the sections' wake-up runs only with a section waiting
+        gate._wake_waiting_sections = lambda: True  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        guard.release()
+    assert ran == [1]
+    assert not gate.holders() and gate.owned_by_current_thread() is False
+    with gate.shared("mem_alloc"):  # usable afterwards
+        pass
+
+
+def test_a_signal_in_one_deferred_release_keeps_the_rest_queued() -> None:
+    gate = CaptureGate()
+    ran: list[str] = []
+
+    def interrupted() -> None:
+        ran.append("interrupted")
+        raise KeyboardInterrupt
+
+    guard = gate.begin_capture()
+    assert gate.defer_if_capturing(interrupted)
+    assert gate.defer_if_capturing(ran.append, "after")
+    with pytest.raises(KeyboardInterrupt):
+        guard.release()
+    assert ran == ["interrupted", "after"]  # the one after it still ran, once
+    with gate.begin_capture():
+        pass
+    assert ran == ["interrupted", "after"]
