@@ -670,6 +670,15 @@ def _baseline(slot: Path, paths: set[str], work: Path) -> float:
     return max(60.0, 3 * slowest)
 
 
+def _shard(parser: argparse.ArgumentParser, text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    k, _, n = text.partition("/")
+    if not (k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+        parser.error(f"--shard {text}: give K/N with 1 <= K <= N, e.g. 1/2")
+    return int(k), int(n)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="*", default=list(ORACLES), help="files to mutate")
@@ -683,7 +692,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--rerun", type=Path, help="only the survivors listed in this earlier run's output"
     )
+    parser.add_argument(
+        "--shard",
+        metavar="K/N",
+        help="judge every N-th mutant from the K-th (1-based): "
+        "N runs of K=1..N judge each mutant once, e.g. on machines with a time limit per run",
+    )
     args = parser.parse_args(argv)
+    shard = _shard(parser, args.shard)
     unknown = [f for f in args.files if f not in ORACLES]
     if unknown:
         parser.error(f"no oracle for {', '.join(unknown)}; known: {', '.join(ORACLES)}")
@@ -705,6 +721,8 @@ def main(argv: list[str] | None = None) -> int:
         mutants = [mutants[int(i * step)] for i in range(args.sample)]
     mutants = named + mutants
     total += len(named)
+    if shard is not None:
+        mutants = mutants[shard[0] - 1 :: shard[1]]
     if args.list:
         for m in mutants:
             print(m.describe())
