@@ -30,6 +30,7 @@ from ..records import (
     records_path,
 )
 from . import capture_errors, gpus, neighbor_run, order, phase_times, protect
+from .captures import CaptureLog
 from .seeding import Reseeder, registered_seeders
 
 DEFAULT_WATCH_ENV = "CAPSAFE_,CUDA_"
@@ -333,6 +334,8 @@ class CapsafeRun:
         self.gpus = config.stash.get(GPUS_KEY, ())
         self.env_before: dict[Any, Any] = {}
         self.exc_names: dict[tuple[str, str], tuple[str, ...]] = {}
+        self.captures = CaptureLog()  # where the current test's captures are (records only)
+        self.in_capture: set[tuple[str, str]] = set()  # phases that failed inside a window
         # xdist controller only: per worker, tests started, the last one set up, its pid (from
         # its reports), and the tests xdist said it crashed in (pytest_handlecrashitem).
         self.started: dict[str, int] = {}
@@ -362,6 +365,7 @@ class CapsafeRun:
                 ) from None
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        self.captures.stop()
         if self.writer is not None:
             self.writer.close()
             self.writer = None
@@ -434,6 +438,7 @@ class CapsafeRun:
         if self.writer is not None:
             self.index += 1
             self.env_before = _env_snapshot()
+            self.captures.start()
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(
@@ -447,6 +452,8 @@ class CapsafeRun:
             if capture_errors.capture_error(call.excinfo.value):  # any framework's counts
                 names += ("CaptureInvalidated",)
             self.exc_names[(report.nodeid, report.when)] = names
+            if self.captures.failure_inside():
+                self.in_capture.add((report.nodeid, report.when))
         return report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -458,6 +465,8 @@ class CapsafeRun:
         if self.writer is None:
             return
         exc_names = self.exc_names.pop((report.nodeid, report.when), ())
+        inside = (report.nodeid, report.when) in self.in_capture
+        self.in_capture.discard((report.nodeid, report.when))
         signals: list[str] = []
         outcome = _outcome(report)
         message = details = ""
@@ -465,6 +474,8 @@ class CapsafeRun:
             message, details = _message(report)
             if report.failed:
                 signals = _signals(report.longreprtext, exc_names)
+                if inside:
+                    signals.append(Signal.FAILED_IN_CAPTURE)
         now = time.time()
         row: Record = {
             "nodeid": report.nodeid,
@@ -485,6 +496,9 @@ class CapsafeRun:
             "gpu": gpus.for_worker(self.gpus, self.worker) if self.gpus else "",
         }
         if report.when == "teardown":
+            captures = self.captures.recorded()
+            if captures:
+                row["captures"] = captures
             after = _env_snapshot()
             leak = after != self.env_before and _env_leak(
                 self.env_before, after, self.settings.watch_env
