@@ -74,6 +74,7 @@ class Record(TypedDict):
     signals: list[str]
     env_leak: NotRequired[dict[str, list[str | None]]]  # only with Signal.ENV_LEAK
     captures: NotRequired[list[Capture]]  # teardown rows of tests that began a capture
+    thread_unsafe: NotRequired[str]  # teardown rows of tests pytest-run-parallel marks so: why
     message: str  # first lines of the failure or skip reason, "" when it passed
     details: str  # the full report text (traceback), bounded; "" when it passed
     start: float  # unix time the phase started ...
@@ -84,7 +85,7 @@ class Record(TypedDict):
 
 _ADDED = ("details", "start", "stop", "gpu")
 """Fields newer than the first record format: filled in by `from_json` for older rows."""
-_OPTIONAL = ("env_leak", "captures")
+_OPTIONAL = ("env_leak", "captures", "thread_unsafe")
 _REQUIRED = tuple(k for k in Record.__annotations__ if k not in _OPTIONAL and k not in _ADDED)
 
 

@@ -3,8 +3,8 @@
 The capture hook points capsafe knows, one table (`POINTS`): the facade's
 `stream_begin_capture`/`stream_end_capture` (what `capsafe.capture` and every facade
 caller use), CuPy's `Stream.begin_capture`/`end_capture`, cuda.core's
-`GraphBuilder.begin_building`/`end_building` and PyTorch's
-`CUDAGraph.capture_begin`/`capture_end` (which `torch.cuda.graph` calls). The
+`GraphBuilder.begin_building`/`end_building` (and `close`, which ends one too) and
+PyTorch's `CUDAGraph.capture_begin`/`capture_end` (which `torch.cuda.graph` calls). The
 integrations hook the same methods to gate them; an `Observer` wraps them to be told.
 
 An observer's wrapper calls what was there (the framework's method, or an
@@ -110,9 +110,9 @@ POINTS: tuple[Point, ...] = (
           ("stream_end_capture",), _facade, _facade_end),
     Point("cupy", (("cupy", "cuda.Stream"),), "begin_capture", ("end_capture",), _cupy,
           _cupy_end),
-    Point("cuda_core", (("cuda.core", "GraphBuilder"), ("cuda.core", "graph.GraphBuilder"),
+    Point("cuda_core", (("cuda.core", "GraphBuilder"), ("cuda.core.graph", "GraphBuilder"),
                         ("cuda.core.experimental", "GraphBuilder")),
-          "begin_building", ("end_building",), _cuda_core, _by_id("cuda_core")),
+          "begin_building", ("end_building", "close"), _cuda_core, _by_id("cuda_core")),
     Point("torch", (("torch", "cuda.CUDAGraph"),), "capture_begin", TORCH_END_METHODS, _torch,
           _by_id("torch")),
 )  # fmt: skip

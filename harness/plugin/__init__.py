@@ -40,6 +40,7 @@ CONTROLLER = "controller"
 # Failure text (or exception class names) that marks a signal; capture errors: capture_errors.
 FROZEN_MARKS = ("FrozenConfigError",)
 TIMEOUT_MARKS = ("Timeout (>", "from pytest-timeout")
+THREAD_UNSAFE = "thread_unsafe"  # pytest-run-parallel's marker: the test reads shared state
 PID_ATTR = "capsafe_pid"
 """A worker's reports carry its pid to the controller (xdist serializes report attributes),
 which names it in the crash row of a worker that died mid-test."""
@@ -273,6 +274,13 @@ def _env_leak(
     return dict(sorted(leaks.items()))
 
 
+def _reason(marker: pytest.Mark) -> str:
+    """A thread_unsafe marker's reason, as pytest-run-parallel takes it (keyword or first
+    argument)."""
+    reason = marker.kwargs.get("reason", marker.args[0] if marker.args else "")
+    return str(reason) or "marked thread_unsafe (no reason given)"
+
+
 def _signals(text: str, exc_names: tuple[str, ...]) -> list[str]:
     found: list[str] = []
     if capture_errors.in_text(text) or "CaptureInvalidated" in exc_names:
@@ -336,6 +344,7 @@ class CapsafeRun:
         self.exc_names: dict[tuple[str, str], tuple[str, ...]] = {}
         self.captures = CaptureLog()  # where the current test's captures are (records only)
         self.in_capture: set[tuple[str, str]] = set()  # phases that failed inside a window
+        self.thread_unsafe: dict[str, str] = {}  # node id -> its thread_unsafe marker's reason
         # xdist controller only: per worker, tests started, the last one set up, its pid (from
         # its reports), and the tests xdist said it crashed in (pytest_handlecrashitem).
         self.started: dict[str, int] = {}
@@ -445,6 +454,10 @@ class CapsafeRun:
         self, item: pytest.Item, call: pytest.CallInfo[None]
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         report = yield
+        if self.writer is not None and call.when == "setup":
+            marker = item.get_closest_marker(THREAD_UNSAFE)
+            if marker is not None:
+                self.thread_unsafe[item.nodeid] = _reason(marker)
         if self.writer is not None and self.worker != "main":
             setattr(report, PID_ATTR, self.pid)
         if self.writer is not None and call.excinfo is not None:
@@ -499,6 +512,9 @@ class CapsafeRun:
             captures = self.captures.recorded()
             if captures:
                 row["captures"] = captures
+            marked = self.thread_unsafe.pop(report.nodeid, None)
+            if marked is not None:
+                row["thread_unsafe"] = marked
             after = _env_snapshot()
             leak = after != self.env_before and _env_leak(
                 self.env_before, after, self.settings.watch_env

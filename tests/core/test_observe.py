@@ -100,7 +100,7 @@ def test_nothing_is_imported_or_hooked_for_a_framework_not_loaded(
     told: tuple[Told, Observer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, observer = told
-    for name in ("cupy", "torch", "cuda.core", "cuda.core.experimental"):
+    for name in ("cupy", "torch", "cuda.core", "cuda.core.graph", "cuda.core.experimental"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     hooked = observer.hook_loaded()
     assert not {"cupy", "torch", "cuda_core"} & set(hooked)

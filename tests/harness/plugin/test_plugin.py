@@ -26,7 +26,7 @@ pytest_plugins = ["pytester"]
 RunLean = Callable[..., pytest.RunResult]
 
 SUITES = Path(__file__).resolve().parents[3] / "repro" / "suites"
-KEYS = set(Record.__annotations__) - {"env_leak", "captures"}
+KEYS = set(Record.__annotations__) - {"env_leak", "captures", "thread_unsafe"}
 
 THREE_MODULES = {
     "test_a": "import pytest\n@pytest.mark.parametrize('i', range(5))\ndef test_a(i): pass\n",
