@@ -129,6 +129,25 @@ def test_capture_failures_are_rerun_batched_and_the_rest_alone() -> None:
     assert alone == ["always", "plain"]  # its batched control failed: ordinary reruns decide
 
 
+def test_a_capture_error_outside_its_own_windows_is_no_capture_suspect() -> None:
+    # A leak victim: a capture error, no capture of its own. A library error inside its own
+    # window: no capture error by name, a capture failure all the same.
+    phases, host = CapturePhases(2, ["ctx_sync"]), FakeHost()
+    victim = Attempt("victim", "r", True, frozenset({Signal.CAPTURE_INVALIDATED}), "main", 1, 0,
+                     0.0, None, "")  # fmt: skip
+    library = Attempt("library", "r", True, frozenset({Signal.FAILED_IN_CAPTURE}), "main", 1,
+                      0, 0.0, None, "", capture_sites=("t.py:3",))  # fmt: skip
+    phases.saw(victim, neighbors=True)
+    phases.saw(library, neighbors=True)
+    assert phases.store["victim"].leak_victim and not phases.store["library"].leak_victim
+    assert phases.store["library"].capture_sites == ["t.py:3"]
+    alone = phases.isolate(host, ["library", "victim"], 1, [1], seed=5)
+    assert alone == ["victim"]  # to the alone reruns and the polluter search
+    assert all("victim" not in tests for tests, _, _ in host.batches)  # no rerun, no attribution
+    assert phases.capture_unsafe("library")
+    assert "captured at t.py:3" in phases.why("library")
+
+
 def test_alone_reruns_alternate_and_count() -> None:
     phases = phases_after_suite_runs()
     assert phases.alone_args() == [("--capsafe-neighbors=0",), ()]
