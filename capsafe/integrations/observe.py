@@ -11,8 +11,10 @@ An observer's wrapper calls what was there (the framework's method, or an
 integration's gating wrapper installed before it), returns its result and raises its
 exception unchanged; the callbacks run after, and an exception of theirs is swallowed.
 `hook_loaded()` hooks only the frameworks already imported (it never imports one), so
-it is called again whenever more may have been imported. Used by the harness plugin
-to know where a test's captures are (stream, mode, call site, still open).
+it is called again whenever more may have been imported. Importing this module imports
+no framework and not the facade (only capsafe.errors), so observing costs a process that
+captures nothing next to nothing. Used by the harness plugin to know where a test's
+captures are (stream, mode, call site, still open).
 """
 
 from __future__ import annotations
@@ -27,7 +29,10 @@ from types import FrameType
 from typing import Any
 
 from ._patch import Patches, defining_class
-from .torch import END_METHODS as TORCH_END_METHODS
+
+#: The methods of torch's `CUDAGraph` that end a capture (the second only in newer torch);
+#: capsafe.integrations.torch gates the same ones.
+TORCH_END_METHODS = ("capture_end", "capture_end_pre")
 
 
 @dataclass(frozen=True)
