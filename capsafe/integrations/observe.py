@@ -113,6 +113,12 @@ class Point:
 POINTS: tuple[Point, ...] = (
     Point("facade", (("capsafe.driver", "GatedDriver"),), "stream_begin_capture",
           ("stream_end_capture",), _facade, _facade_end),
+    # What `driver.raw()` returns: a capture begun past the facade (the facade's own calls
+    # reach it too, and are told once: the same key).
+    Point("backend-sim", (("capsafe.sim.backend", "SimBackend"),), "stream_begin_capture",
+          ("stream_end_capture",), _facade, _facade_end),
+    Point("backend-cuda", (("capsafe.backend_cuda", "CudaBackend"),), "stream_begin_capture",
+          ("stream_end_capture",), _facade, _facade_end),
     Point("cupy", (("cupy", "cuda.Stream"),), "begin_capture", ("end_capture",), _cupy,
           _cupy_end),
     Point("cuda_core", (("cuda.core", "GraphBuilder"), ("cuda.core.graph", "GraphBuilder"),

@@ -64,6 +64,8 @@ class CaptureLog:
         entry: Capture = {"framework": framework, "stream": opened.stream, "mode": opened.mode,
                           "site": site, "open": True}  # fmt: skip
         with self._lock:
+            if any(c is self._open.get(opened.key) for c in self.captures):
+                return  # one capture told twice (the backend, then the facade in front of it)
             self._open[opened.key] = entry
             self.captures.append(entry)
 

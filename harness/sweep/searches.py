@@ -62,9 +62,7 @@ class Searches:
                 continue
             if not ev.ever_failed_alone:
                 jobs.append(("polluter", nodeid))
-            elif ev.always_failed_alone and ev.failures < ev.runs:
-                # A test that failed every suite run and every rerun alone has no passing
-                # sequence to search: the evidence already says `fail`.
+            elif ev.always_failed_alone:
                 jobs.append(("state-setter", nodeid))
         return jobs
 
