@@ -52,7 +52,7 @@ OUTCOMES: tuple[Outcome, ...] = ("failed", "xpassed", "xfailed", "skipped", "pas
 class Capture(TypedDict):
     """One capture a test began (any phase), as its teardown row's `captures` holds it."""
 
-    framework: str  # the hook point that saw it: facade, cupy, cuda_core, torch
+    framework: str  # the hook point (capsafe.integrations.observe.POINTS) that saw it
     stream: str
     mode: str
     site: str  # file:line of the test code that began it
