@@ -10,8 +10,9 @@ times, and last the wall-time ratio of the neighbour sweep to the plain run.
     python benchmarks/cupy_sweep.py --suite .gpu/cupy-v14.2.0 --out reports/gpu
 
 Exit 0 when every done-when line holds (the neighbour sweep classified every test the
-plain run ran and named the breaking calls of each capture-unsafe test, the sweep
-without neighbours found none, the ratio is at most --limit), 1 otherwise.
+plain run ran, named the breaking calls and the capture site of each capture-unsafe test
+and gave no `flaky` verdict, the sweep without neighbours found no capture-unsafe test,
+the ratio is at most --limit), 1 otherwise. `--files` sweeps another slice.
 """
 
 from __future__ import annotations
@@ -61,7 +62,11 @@ def describe(name: str, wall: float, rc: int, summary: dict[str, Any]) -> list[s
             f"{json.dumps(times.get('process_s', {}))}"
         )
     for t in (summary.get("gpu") or {}).get("capture_unsafe", []):
-        lines.append(f"  capture-unsafe {t['nodeid']}: {t['verdict']}")
+        sites = ", ".join(t.get("capture_sites", [])) or "no capture site seen"
+        lines.append(f"  capture-unsafe {t['nodeid']} (captured at {sites}): {t['verdict']}")
+    for t in summary["tests"]:
+        if t["classification"] not in ("pass", "capture-unsafe"):
+            lines.append(f"  {t['classification']} {t['nodeid']}: {t['why']}")
     neighbors = (summary.get("gpu") or {}).get("neighbors") or {}
     if neighbors.get("processes"):
         lines.append(f"  neighbour driver errors per kind: {neighbors.get('driver_errors')}")
@@ -104,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     checks = {
         "every test classified": len(swept["tests"]) >= plain_tests > 0,
         "breaking calls named": bool(unsafe) and all(t["breaks"] for t in unsafe),
+        "capture sites named": all(t.get("capture_sites") for t in unsafe),
+        "no flaky verdict": swept["counts"].get("flaky", 0) == 0,
         "no capture-unsafe without --neighbors": (
             results["cupy_sweep_plain"][1]["counts"].get("capture-unsafe", 0) == 0
         ),

@@ -35,6 +35,7 @@ class Signal(StrEnum):
     ENV_LEAK = "env-leak"  # a watched environment variable was left changed
     TIMEOUT = "timeout"  # pytest-timeout, or the sweep's watchdog, stopped the test
     CRASH = "crash"  # the test's process died while it ran
+    FAILED_IN_CAPTURE = "failed-in-capture"  # raised inside a capture window the test began
 
 
 MESSAGE_LINES = 5  # `message`: the first lines of the failure ...
@@ -46,6 +47,16 @@ Phase = Literal["setup", "call", "teardown"]
 Outcome = Literal["passed", "failed", "skipped", "xfailed", "xpassed"]
 OUTCOMES: tuple[Outcome, ...] = ("failed", "xpassed", "xfailed", "skipped", "passed")
 """Every phase outcome; the first present decides a test's outcome (see `fold_outcome`)."""
+
+
+class Capture(TypedDict):
+    """One capture a test began (any phase), as its teardown row's `captures` holds it."""
+
+    framework: str  # the hook point (capsafe.integrations.observe.POINTS) that saw it
+    stream: str
+    mode: str
+    site: str  # file:line of the test code that began it
+    open: bool  # still open when the test ended
 
 
 class Record(TypedDict):
@@ -62,6 +73,8 @@ class Record(TypedDict):
     pid: int
     signals: list[str]
     env_leak: NotRequired[dict[str, list[str | None]]]  # only with Signal.ENV_LEAK
+    captures: NotRequired[list[Capture]]  # teardown rows of tests that began a capture
+    thread_unsafe: NotRequired[str]  # teardown rows of tests pytest-run-parallel marks so: why
     message: str  # first lines of the failure or skip reason, "" when it passed
     details: str  # the full report text (traceback), bounded; "" when it passed
     start: float  # unix time the phase started ...
@@ -72,7 +85,8 @@ class Record(TypedDict):
 
 _ADDED = ("details", "start", "stop", "gpu")
 """Fields newer than the first record format: filled in by `from_json` for older rows."""
-_REQUIRED = tuple(k for k in Record.__annotations__ if k != "env_leak" and k not in _ADDED)
+_OPTIONAL = ("env_leak", "captures", "thread_unsafe")
+_REQUIRED = tuple(k for k in Record.__annotations__ if k not in _OPTIONAL and k not in _ADDED)
 
 
 _encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode

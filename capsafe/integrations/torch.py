@@ -38,6 +38,7 @@ from capsafe.handles import CaptureMode, StreamKind
 
 from ._capture_windows import Windows, exclusive, gate_of
 from ._patch import Patches, defining_class
+from .observe import TORCH_END_METHODS
 
 #: Torch's Python-level synchronizing calls, by (module path under torch, name), with the
 #: hazard-table call each makes. None: named by nothing, so even the measured policy keeps
@@ -53,8 +54,9 @@ METHODS: tuple[tuple[str, str, str | None], ...] = (
     ("Event", "synchronize", "event_sync_other"),
 )
 
-#: The methods of `CUDAGraph` that end a capture (the second only in newer torch).
-END_METHODS = ("capture_end", "capture_end_pre")
+#: The methods of `CUDAGraph` that end a capture (the second only in newer torch): the
+#: observer's table holds them.
+END_METHODS = TORCH_END_METHODS
 
 windows = Windows()  # captures begun through the hooks, by CUDAGraph
 _lock = threading.Lock()

@@ -30,6 +30,7 @@ from ..records import (
     records_path,
 )
 from . import capture_errors, gpus, neighbor_run, order, phase_times, protect
+from .captures import CaptureLog
 from .seeding import Reseeder, registered_seeders
 
 DEFAULT_WATCH_ENV = "CAPSAFE_,CUDA_"
@@ -39,6 +40,7 @@ CONTROLLER = "controller"
 # Failure text (or exception class names) that marks a signal; capture errors: capture_errors.
 FROZEN_MARKS = ("FrozenConfigError",)
 TIMEOUT_MARKS = ("Timeout (>", "from pytest-timeout")
+THREAD_UNSAFE = "thread_unsafe"  # pytest-run-parallel's marker: the test reads shared state
 PID_ATTR = "capsafe_pid"
 """A worker's reports carry its pid to the controller (xdist serializes report attributes),
 which names it in the crash row of a worker that died mid-test."""
@@ -272,6 +274,13 @@ def _env_leak(
     return dict(sorted(leaks.items()))
 
 
+def _reason(marker: pytest.Mark) -> str:
+    """A thread_unsafe marker's reason, as pytest-run-parallel takes it (keyword or first
+    argument)."""
+    reason = marker.kwargs.get("reason", marker.args[0] if marker.args else "")
+    return str(reason) or "marked thread_unsafe (no reason given)"
+
+
 def _signals(text: str, exc_names: tuple[str, ...]) -> list[str]:
     found: list[str] = []
     if capture_errors.in_text(text) or "CaptureInvalidated" in exc_names:
@@ -333,6 +342,9 @@ class CapsafeRun:
         self.gpus = config.stash.get(GPUS_KEY, ())
         self.env_before: dict[Any, Any] = {}
         self.exc_names: dict[tuple[str, str], tuple[str, ...]] = {}
+        self.captures = CaptureLog()  # where the current test's captures are (records only)
+        self.in_capture: set[tuple[str, str]] = set()  # phases that failed inside a window
+        self.thread_unsafe: dict[str, str] = {}  # node id -> its thread_unsafe marker's reason
         # xdist controller only: per worker, tests started, the last one set up, its pid (from
         # its reports), and the tests xdist said it crashed in (pytest_handlecrashitem).
         self.started: dict[str, int] = {}
@@ -362,6 +374,7 @@ class CapsafeRun:
                 ) from None
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        self.captures.stop()
         if self.writer is not None:
             self.writer.close()
             self.writer = None
@@ -434,12 +447,17 @@ class CapsafeRun:
         if self.writer is not None:
             self.index += 1
             self.env_before = _env_snapshot()
+            self.captures.start()
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(
         self, item: pytest.Item, call: pytest.CallInfo[None]
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         report = yield
+        if self.writer is not None and call.when == "setup":
+            marker = item.get_closest_marker(THREAD_UNSAFE)
+            if marker is not None:
+                self.thread_unsafe[item.nodeid] = _reason(marker)
         if self.writer is not None and self.worker != "main":
             setattr(report, PID_ATTR, self.pid)
         if self.writer is not None and call.excinfo is not None:
@@ -447,6 +465,8 @@ class CapsafeRun:
             if capture_errors.capture_error(call.excinfo.value):  # any framework's counts
                 names += ("CaptureInvalidated",)
             self.exc_names[(report.nodeid, report.when)] = names
+            if self.captures.failure_inside():
+                self.in_capture.add((report.nodeid, report.when))
         return report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -458,6 +478,8 @@ class CapsafeRun:
         if self.writer is None:
             return
         exc_names = self.exc_names.pop((report.nodeid, report.when), ())
+        inside = (report.nodeid, report.when) in self.in_capture
+        self.in_capture.discard((report.nodeid, report.when))
         signals: list[str] = []
         outcome = _outcome(report)
         message = details = ""
@@ -465,6 +487,8 @@ class CapsafeRun:
             message, details = _message(report)
             if report.failed:
                 signals = _signals(report.longreprtext, exc_names)
+                if inside:
+                    signals.append(Signal.FAILED_IN_CAPTURE)
         now = time.time()
         row: Record = {
             "nodeid": report.nodeid,
@@ -485,6 +509,12 @@ class CapsafeRun:
             "gpu": gpus.for_worker(self.gpus, self.worker) if self.gpus else "",
         }
         if report.when == "teardown":
+            captures = self.captures.recorded()
+            if captures:
+                row["captures"] = captures
+            marked = self.thread_unsafe.pop(report.nodeid, None)
+            if marked is not None:
+                row["thread_unsafe"] = marked
             after = _env_snapshot()
             leak = after != self.env_before and _env_leak(
                 self.env_before, after, self.settings.watch_env

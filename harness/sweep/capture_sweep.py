@@ -71,7 +71,9 @@ def batch(
 
 
 def capture_failure(attempt: Attempt) -> bool:
-    return attempt.failed and Signal.CAPTURE_INVALIDATED in attempt.signals
+    """Failed inside one of its own capture windows (the observer's evidence; whatever the
+    library called the error)."""
+    return attempt.failed and Signal.FAILED_IN_CAPTURE in attempt.signals
 
 
 def _outcomes(tests: Sequence[str], found: dict[str, Attempt]) -> attr.Outcomes:
@@ -104,8 +106,16 @@ class CapturePhases:
         return self.store.setdefault(nodeid, Evidence(nodeid)).capture
 
     def saw(self, attempt: Attempt, *, neighbors: bool, batched: bool = False) -> None:
-        """Count one attempt, from a process with or without neighbour threads."""
+        """Count one attempt, from a process with or without neighbour threads, with where
+        its captures were."""
         self._count(attempt.nodeid, attempt.failed, attempt.signals, neighbors, batched)
+        with self._lock:
+            ev = self.store.setdefault(attempt.nodeid, Evidence(attempt.nodeid))
+            ev.capture_sites += [s for s in dict.fromkeys(attempt.capture_sites)
+                                 if s not in ev.capture_sites]  # fmt: skip
+            ev.leak_failures += attempt.leak_victim
+            if attempt.thread_unsafe is not None:
+                ev.thread_unsafe = attempt.thread_unsafe
 
     def _count(
         self, nodeid: str, failed: bool, signals: Iterable[str], neighbors: bool, batched: bool
@@ -114,7 +124,8 @@ class CapturePhases:
             ev = self._of(nodeid)
             if neighbors:
                 ev.neighbor_runs += 1
-                ev.capture_failures += failed and Signal.CAPTURE_INVALIDATED in signals
+                ev.neighbor_failures += failed
+                ev.capture_failures += failed and Signal.FAILED_IN_CAPTURE in signals
             elif batched:
                 ev.batch_control_passes += not failed
                 ev.batch_control_failures += failed
@@ -253,9 +264,13 @@ class CapturePhases:
         control = ev.control_runs + ev.batch_control_passes + ev.batch_control_failures
         passed = control - ev.control_failures - ev.batch_control_failures
         text = (
-            f"failed with a capture error in {ev.capture_failures} of {ev.neighbor_runs} runs "
-            f"with neighbour threads; passed {passed} of {control} without them"
+            f"failed inside its own capture window in {ev.capture_failures} of "
+            f"{ev.neighbor_runs} runs with neighbour threads; passed {passed} of {control} "
+            "without them"
         )
+        sites = self.store[nodeid].capture_sites
+        if sites:
+            text += f"; captured at {', '.join(sites[:3])}"
         text += f"; {self._protection_line(nodeid)}"
         found = self.attributions.get(nodeid)
         return f"{text}; {attr.describe(found)}" if found else text
@@ -269,6 +284,7 @@ class CapturePhases:
         found = self.attributions.get(nodeid, attr.Attribution(undecided=list(self.calls)))
         breaking = found.breaks or list(self.calls)
         return {
+            "capture_sites": list(self.store[nodeid].capture_sites),
             "neighbor_runs": ev.neighbor_runs,
             "capture_failures": ev.capture_failures,
             "control_runs": ev.control_runs + ev.batch_control_passes + ev.batch_control_failures,

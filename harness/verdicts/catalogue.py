@@ -25,6 +25,7 @@ class Verdict(StrEnum):
     ERROR = "error"
     PASS = "pass"
     CAPTURE_UNSAFE = "capture-unsafe"
+    NEIGHBOUR_SENSITIVE = "neighbour-sensitive"
     UNVERIFIED = "unverified"
     BRITTLE = "brittle"
     ORDER_DEPENDENT = "order-dependent"
@@ -81,6 +82,25 @@ def _parallel_unsafe(e: Evidence, _not_run: str) -> str:
     return f"{text}; none of them alone made it fail {K} of {K}"
 
 
+def _order_dependent(e: Evidence, _not_run: str) -> str:
+    text = f"fails after {' + '.join(e.polluters)} ({K} of {K}); failed {_alone(e)}; {_ran(e)}"
+    if e.leak_victim:
+        return (f"{text}; it began no capture and failed with a capture error: "
+                f"{' + '.join(e.polluters)} left a capture open")  # fmt: skip
+    return text
+
+
+def _neighbour_sensitive(e: Evidence, _not_run: str) -> str:
+    c = e.capture
+    control = c.control_runs + c.batch_control_passes
+    text = (f"failed {c.neighbor_failures} of {c.neighbor_runs} runs with neighbour threads, "
+            f"never inside a capture of its own; passed {control} of {control} without them: "
+            "it reads process-wide state other threads change")  # fmt: skip
+    if e.thread_unsafe is not None:
+        text += f"; marked thread_unsafe: {e.thread_unsafe}"
+    return text
+
+
 def _flaky(e: Evidence, not_run: str) -> str:
     text = _counts(e, not_run)
     if e.unconfirmed:
@@ -94,18 +114,19 @@ CATALOGUE: tuple[Class, ...] = (
           "pytest could not collect it; its message is in every report",
           lambda e: e.collect_error is not None,
           lambda e, _: "could not be collected"),
-    Class(Verdict.PASS, 8, "#2da44e", "never failed", "`test_add`",
+    Class(Verdict.PASS, 9, "#2da44e", "never failed", "`test_add`",
           "ran, and never failed, in the suite or alone",
           lambda e: e.ran and e.failures == 0 and e.isolation_failures == 0
           and not e.polluters,
           lambda e, _: f"passed {e.runs} of {e.runs} suite runs"),
     Class(Verdict.CAPTURE_UNSAFE, 2, "#e16f24", "breaks under neighbour threads only",
           "an ungated capture beside `--neighbors` threads",
-          "failed with a capture error in runs with neighbour threads, passed in every run "
-          "without them; never sent to a cause search",
+          "began a capture and failed inside its own capture window (whatever the library "
+          "called the error) in runs with neighbour threads, passed in every run without "
+          "them; never sent to a cause search",
           lambda e: e.capture_unsafe,
           _counts),
-    Class(Verdict.UNVERIFIED, 7, "#6e7781", "failed; not rerun (budget)",
+    Class(Verdict.UNVERIFIED, 8, "#6e7781", "failed; not rerun (budget)",
           "`test_slow_io` failed in run 1, then `--budget` ran out",
           "never ran (no suite run reached it), or failed, and its reruns alone could not "
           "run, or the budget ran out before the reruns, search or verification its verdict "
@@ -124,8 +145,15 @@ CATALOGUE: tuple[Class, ...] = (
           "never failed alone; fails after its polluter(s) K of K times with no other "
           "process alive",
           lambda e: not e.ever_failed_alone and bool(e.polluters),
-          lambda e, _: f"fails after {' + '.join(e.polluters)} ({K} of {K}); failed "
-          f"{_alone(e)}; {_ran(e)}"),
+          _order_dependent),
+    Class(Verdict.NEIGHBOUR_SENSITIVE, 6, "#9a6700", "fails only beside neighbour threads",
+          "`test_pool_bytes` asserts the pool's byte count, which neighbours' allocations move",
+          "failed only in runs with neighbour threads, never inside a capture of its own, "
+          "passed in every run without them, and no other test explains it: it reads "
+          "process-wide state other threads change (pytest-run-parallel's `thread_unsafe` "
+          "marker, when the test has one, is quoted); never `flaky`",
+          lambda e: e.neighbour_sensitive and not (e.state_setters or e.collides_with),
+          _neighbour_sensitive),
     Class(Verdict.FAIL, 1, "#cf222e", "fails alone every time",
           "`test_divide` asserts a wrong constant",
           "failed in every suite run and every rerun alone",
@@ -139,7 +167,7 @@ CATALOGUE: tuple[Class, ...] = (
           "at the same time are listed)",
           lambda e: not e.ever_failed_alone and bool(e.concurrent),
           _parallel_unsafe),
-    Class(Verdict.FLAKY, 6, "#d4a72c", "fails at random", "`test_coin` fails half the time",
+    Class(Verdict.FLAKY, 7, "#d4a72c", "fails at random", "`test_coin` fails half the time",
           "anything else: fails only sometimes, or its cause did not verify",
           lambda e: True,
           _flaky),

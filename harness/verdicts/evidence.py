@@ -16,12 +16,15 @@ VERIFY_TIMES = 3  # K: a cause is reported only when it reproduces K times, and 
 class CaptureEvidence:
     """One test's runs split by neighbours: capture failures with, and the control without.
 
-    Control runs alone decide. A batched control run is evidence only when it passed; one
-    that failed sends the test to alone reruns, and from then on only those decide.
+    A capture failure is a failure raised inside one of the test's own capture windows (the
+    plugin's failed-in-capture signal), whatever the library called it. Control runs alone
+    decide. A batched control run is evidence only when it passed; one that failed sends
+    the test to alone reruns, and from then on only those decide.
     """
 
     neighbor_runs: int = 0
-    capture_failures: int = 0
+    neighbor_failures: int = 0  # any failure, with neighbours
+    capture_failures: int = 0  # of those, raised inside a capture window of its own
     control_runs: int = 0  # alone, without neighbours
     control_failures: int = 0
     batch_control_passes: int = 0
@@ -38,6 +41,19 @@ class CaptureEvidence:
         if self.batch_control_failures:
             return self.control_runs > 0
         return self.control_runs + self.batch_control_passes > 0
+
+    @property
+    def passed_without_neighbors(self) -> bool:
+        """Every run without neighbours passed, and there was at least one."""
+        if self.control_failures or self.batch_control_failures:
+            return False
+        return self.control_runs + self.batch_control_passes > 0
+
+    @property
+    def neighbour_sensitive(self) -> bool:
+        """Failed only beside neighbour threads, never inside a capture of its own."""
+        return (self.neighbor_failures > 0 and self.capture_failures == 0
+                and self.passed_without_neighbors)  # fmt: skip
 
 
 @dataclass
@@ -63,6 +79,19 @@ class Evidence:
     budget_cut: bool = False  # --budget stopped a rerun, search or verification it needed
     signals: set[str] = field(default_factory=set)
     message: str = ""
+    capture_sites: list[str] = field(default_factory=list)  # where it began captures (file:line)
+    leak_failures: int = 0  # failed with a capture error, having begun no capture (fold.Attempt)
+    thread_unsafe: str | None = None  # pytest-run-parallel's thread_unsafe marker's reason
+
+    @property
+    def leak_victim(self) -> bool:
+        """It failed with capture errors and never began a capture: a capture another test
+        left open in its process is what it ran into."""
+        return self.leak_failures > 0 and not self.capture_sites
+
+    @property
+    def neighbour_sensitive(self) -> bool:
+        return self.capture.neighbour_sensitive and not self.leak_victim
 
     @property
     def capture_unsafe(self) -> bool:

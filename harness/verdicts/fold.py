@@ -42,6 +42,16 @@ class Attempt:
     stop: float = 0.0  # when its last phase ended: with `start`, who ran at the same time
     outcome: Outcome = "passed"  # what pytest said of it: the first of OUTCOMES among its phases
     gpu: str = ""  # the one device its process was pinned to, "" if none
+    capture_sites: tuple[str, ...] = ()  # where it began captures (file:line), in order
+    left_open: tuple[str, ...] = ()  # of those, the ones still open when it ended
+    thread_unsafe: str | None = None  # pytest-run-parallel's thread_unsafe marker's reason
+
+    @property
+    def leak_victim(self) -> bool:
+        """Failed with a capture error while it began no capture: another test's capture,
+        left open in its process, is what it ran into."""
+        mine = Signal.FAILED_IN_CAPTURE in self.signals or bool(self.capture_sites)
+        return self.failed and Signal.CAPTURE_INVALIDATED in self.signals and not mine
 
 
 @dataclass(frozen=True)
@@ -110,6 +120,8 @@ def _fold(rows: list[Record], died: RunOutcome | None) -> Attempt:
     signals = {s for r in rows for s in r["signals"]}
     outcomes = [r["outcome"] for r in rows]
     message = next((r["message"] for r in failing if r["message"]), "")
+    captures = [c for r in rows for c in r.get("captures", ())]
+    marked = next((r["thread_unsafe"] for r in rows if "thread_unsafe" in r), None)
     if died is not None:  # its process ended while it ran
         signals.add(died.signal)
         outcomes.append("failed")
@@ -128,6 +140,9 @@ def _fold(rows: list[Record], died: RunOutcome | None) -> Attempt:
         stop=max(float(r.get("stop", r["time"])) for r in rows),
         outcome=fold_outcome(outcomes),
         gpu=next((r["gpu"] for r in rows if r.get("gpu")), ""),
+        capture_sites=tuple(c["site"] for c in captures),
+        left_open=tuple(c["site"] for c in captures if c["open"]),
+        thread_unsafe=marked,
     )
 
 

@@ -16,7 +16,7 @@ from capsafe.gate import gate
 from capsafe.handles import CaptureMode
 from capsafe.hazards.actions import BY_NAME, PREPARED_BY_CAPTURE
 from capsafe_harness.plugin import neighbors as nb
-from capsafe_harness.records import Record, read_records
+from capsafe_harness.records import Record, Signal, read_records
 
 pytest_plugins = ["pytester"]
 
@@ -141,7 +141,8 @@ def test_neighbours_limited_to_a_kind_the_capture_survives(run_capture_suite: Ru
 def test_neighbours_limited_to_a_breaking_kind(run_capture_suite: RunSuite) -> None:
     result, rows, (status,) = run_capture_suite("--capsafe-neighbor-calls=ctx_sync")
     result.assert_outcomes(passed=1, failed=1)
-    assert rows["test_capture.py::test_raw_global_capture"]["signals"] == ["capture-invalidated"]
+    raw = rows["test_capture.py::test_raw_global_capture"]
+    assert raw["signals"] == [Signal.CAPTURE_INVALIDATED, Signal.FAILED_IN_CAPTURE]
     assert set(status["steps"]) | set(status["driver_errors"]) == {"ctx_sync"}
 
 

@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 
 from capsafe_harness.plugin.order import shuffled
+from capsafe_harness.records import Signal
 from capsafe_harness.verdicts import catalogue
 
 SUITES = Path(__file__).resolve().parents[3] / "repro" / "suites"
 NAMES = sorted(p.name for p in SUITES.iterdir() if (p / "answer_key.json").exists())
 CLASSES = set(catalogue.CLASSES)
-SIGNALS = {"capture-invalidated", "frozen-config", "env-leak", "timeout", "crash"}
+SIGNALS = set(Signal)  # the one enum of signal names
 
 
 @functools.cache
@@ -33,9 +34,9 @@ def collect(suite: Path) -> list[str]:
 
 def test_every_defect_has_a_suite() -> None:
     assert set(NAMES) == {
-        "brittle", "capture", "capture_leak", "capture_polluter", "cleaners", "crash",
-        "cuda_core_capture", "flaky",
-        "frozen_config", "hang", "leftover_file", "ordinary", "polluter",
+        "brittle", "capture", "capture_leak", "capture_library_error", "capture_polluter",
+        "cleaners", "crash", "cuda_core_capture", "flaky",
+        "frozen_config", "hang", "leftover_file", "neighbour_state", "ordinary", "polluter",
     }  # fmt: skip
 
 

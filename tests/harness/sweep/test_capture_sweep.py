@@ -13,6 +13,7 @@ import pytest
 from capsafe.integrations import NAMES
 from capsafe_harness.plugin import phase_times
 from capsafe_harness.plugin.protect import FRAMEWORKS
+from capsafe_harness.records import Signal
 from capsafe_harness.sweep.capture_sweep import CapturePhases, neighbor_args, protect_choice
 from capsafe_harness.sweep.host import Replayed
 from capsafe_harness.sweep.options import SweepError
@@ -24,9 +25,14 @@ UNPROTECTABLE = {"bypass"}  # tests that still break with --capsafe-protect
 BATCH_ONLY = {"flaky_in_batch"}  # tests that break with protection only beside other tests
 
 
+IN_WINDOW = frozenset({Signal.CAPTURE_INVALIDATED, Signal.FAILED_IN_CAPTURE})
+"""A capture error raised inside the test's own window, as the plugin records it."""
+
+
 def attempt(nodeid: str, failed: bool, capture: bool = False, run: str = "r") -> Attempt:
-    signals = frozenset({"capture-invalidated"} if capture else ())
-    return Attempt(nodeid, run, failed, signals, "main", 1, 0, 0.0, None, "")
+    signals = IN_WINDOW if capture else frozenset()
+    return Attempt(nodeid, run, failed, signals, "main", 1, 0, 0.0, None, "",
+                   capture_sites=("t.py:7",) if capture else ())  # fmt: skip
 
 
 class FakeHost:
@@ -123,11 +129,30 @@ def test_capture_failures_are_rerun_batched_and_the_rest_alone() -> None:
     assert alone == ["always", "plain"]  # its batched control failed: ordinary reruns decide
 
 
+def test_a_capture_error_outside_its_own_windows_is_no_capture_suspect() -> None:
+    # A leak victim: a capture error, no capture of its own. A library error inside its own
+    # window: no capture error by name, a capture failure all the same.
+    phases, host = CapturePhases(2, ["ctx_sync"]), FakeHost()
+    victim = Attempt("victim", "r", True, frozenset({Signal.CAPTURE_INVALIDATED}), "main", 1, 0,
+                     0.0, None, "")  # fmt: skip
+    library = Attempt("library", "r", True, frozenset({Signal.FAILED_IN_CAPTURE}), "main", 1,
+                      0, 0.0, None, "", capture_sites=("t.py:3",))  # fmt: skip
+    phases.saw(victim, neighbors=True)
+    phases.saw(library, neighbors=True)
+    assert phases.store["victim"].leak_victim and not phases.store["library"].leak_victim
+    assert phases.store["library"].capture_sites == ["t.py:3"]
+    alone = phases.isolate(host, ["library", "victim"], 1, [1], seed=5)
+    assert alone == ["victim"]  # to the alone reruns and the polluter search
+    assert all("victim" not in tests for tests, _, _ in host.batches)  # no rerun, no attribution
+    assert phases.capture_unsafe("library")
+    assert "captured at t.py:3" in phases.why("library")
+
+
 def test_alone_reruns_alternate_and_count() -> None:
     phases = phases_after_suite_runs()
     assert phases.alone_args() == [("--capsafe-neighbors=0",), ()]
     assert CapturePhases(0).alone_args() == [()]
-    phases.saw_alone("always", True, {"capture-invalidated"}, 0)  # rerun 0: the control
+    phases.saw_alone("always", True, IN_WINDOW, 0)  # rerun 0: the control
     assert not phases.capture_unsafe("always")
     assert neighbor_args(True, ["ctx_sync", "mem_alloc"]) == (
         "--capsafe-neighbor-calls=ctx_sync,mem_alloc",
@@ -174,7 +199,7 @@ def test_a_capture_error_seen_only_alone_still_gets_its_breaking_calls() -> None
         phases.saw(attempt("late", True, capture=False), neighbors=True)
         assert phases.isolate(host, ["late"], 2, [1, 2], seed=5) == ["late"]  # not a suspect
         phases.saw_alone("late", False, set(), 0)  # the control passes
-        phases.saw_alone("late", True, {"capture-invalidated"}, 1)  # with neighbours: breaks
+        phases.saw_alone("late", True, IN_WINDOW, 1)  # with neighbours: breaks
         assert phases.capture_unsafe("late") and "late" not in phases.attributions
         phases.attribute_late(host, ["late"], seed=5)
         assert phases.attributions["late"].breaks == ["ctx_sync"]

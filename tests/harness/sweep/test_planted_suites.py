@@ -3,7 +3,8 @@
 Each suite's answer_key.json names the tests that are not `pass`, their polluters,
 state-setters and signals, and the sweep options (runs, workers, seed, ...) the
 key was established with. Classifications, polluters and state-setters must
-match exactly; the key's signals must all be seen.
+match exactly; the key's signals must all be seen, and its `why_contains` words must
+all be in the verdict's cause.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ def test_sweep_matches_the_answer_key(key_path: Path, tmp_path: Path) -> None:
                        want.get("state_setters", [])), nodeid  # fmt: skip
         missing = set(want.get("signals", [])) - set(test["signals"])
         assert not missing, f"{nodeid}: signals {sorted(missing)} not seen"
+        for words in want.get("why_contains", []):  # the cause, in the verdict's words
+            assert words in test["why"], f"{nodeid}: {words!r} not in {test['why']!r}"
     for search in summary["searches"]:
         if found[search["victim"]]["classification"] == "order-dependent":
             n = search["candidates"]

@@ -8,8 +8,16 @@ from typing import Any, cast
 
 import pytest
 
-from capsafe_harness.records import Record
-from capsafe_harness.verdicts.catalogue import CATALOGUE, CLASSES, classify, docs_table, severity
+from capsafe_harness.records import Record, Signal
+from capsafe_harness.verdicts.catalogue import (
+    CATALOGUE,
+    CLASSES,
+    Verdict,
+    classify,
+    docs_table,
+    severity,
+    why,
+)
 from capsafe_harness.verdicts.evidence import Evidence
 from capsafe_harness.verdicts.fold import (
     Killed,
@@ -233,3 +241,57 @@ def test_docs_class_table_is_the_catalogues() -> None:
     start = docs.index("| class | example | evidence rule |")
     shown = docs[start : docs.index("\n\n", start) + 1]
     assert shown == docs_table(), "regenerate with `python -m capsafe_harness.verdicts.catalogue`"
+
+
+# ---------------------------------------------------------------- capture evidence
+
+
+def _neighbour_run_evidence(**capture: int) -> Evidence:
+    ev = Evidence("t.py::x", runs=3, failures=2, isolation_runs=2, isolation_failures=1)
+    for name, value in capture.items():
+        setattr(ev.capture, name, value)
+    return ev
+
+
+def test_failing_only_beside_neighbours_outside_any_own_capture_is_neighbour_sensitive() -> None:
+    ev = _neighbour_run_evidence(neighbor_runs=4, neighbor_failures=3, control_runs=1)
+    assert classify(ev) == Verdict.NEIGHBOUR_SENSITIVE
+    ev.thread_unsafe = "asserts the device pool's byte count"
+    assert why(Verdict.NEIGHBOUR_SENSITIVE, ev).endswith(
+        "marked thread_unsafe: asserts the device pool's byte count"
+    )
+    # A failure without neighbours too: not the neighbours' doing, flaky as before.
+    ev.capture.control_failures = 1
+    assert classify(ev) == Verdict.FLAKY
+
+
+def test_capture_unsafe_needs_a_failure_inside_its_own_window() -> None:
+    # Capture errors with neighbours, passing without them, but none inside its own window.
+    ev = _neighbour_run_evidence(neighbor_runs=4, neighbor_failures=3, control_runs=1)
+    ev.leak_failures = 3
+    assert classify(ev) != Verdict.CAPTURE_UNSAFE
+    ev.capture.capture_failures = 2
+    ev.capture_sites = ["t.py:9"]
+    assert classify(ev) == Verdict.CAPTURE_UNSAFE
+
+
+def test_a_leak_victims_cause_says_its_polluter_left_a_capture_open() -> None:
+    ev = Evidence("t.py::b", runs=3, failures=2, isolation_runs=3, isolation_failures=0,
+                  polluters=["t.py::a"], leak_failures=2)  # fmt: skip
+    assert classify(ev) == Verdict.ORDER_DEPENDENT
+    assert why(Verdict.ORDER_DEPENDENT, ev).endswith("t.py::a left a capture open")
+    ev.leak_failures = 0
+    assert "left a capture open" not in why(Verdict.ORDER_DEPENDENT, ev)
+
+
+def test_an_attempt_knows_its_captures_and_a_leak_victim() -> None:
+    leaker = full("a", "failed", signals=[Signal.CAPTURE_INVALIDATED, Signal.FAILED_IN_CAPTURE])
+    leaker[2] = cast(Record, {**leaker[2], "captures": [
+        {"framework": "facade", "stream": "0x5", "mode": "global", "site": "t.py:4", "open": True}
+    ]})  # fmt: skip
+    victim = full("b", "failed", signals=[Signal.CAPTURE_INVALIDATED], index=1)
+    victim[2] = cast(Record, {**victim[2], "thread_unsafe": "reads the pool"})
+    found = attempts([*leaker, *victim])
+    a, b = found[("run-1", "a")], found[("run-1", "b")]
+    assert (a.capture_sites, a.left_open, a.leak_victim) == (("t.py:4",), ("t.py:4",), False)
+    assert (b.capture_sites, b.leak_victim, b.thread_unsafe) == ((), True, "reads the pool")
