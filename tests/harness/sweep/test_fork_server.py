@@ -35,6 +35,13 @@ from capsafe_harness.sweep.state import prepare_out
 SUITES = Path(__file__).resolve().parents[3] / "repro" / "suites"
 PLANTED = sorted(p.parent.name for p in SUITES.glob("*/answer_key.json"))
 QUIET = ("-p", "no:run-parallel", "-p", "no:hypothesispytest")
+#: Planted suites whose collection makes capsafe's driver (a conftest's fake framework over
+#: driver.raw()): the server refuses them, since a child's capsafe would get a new driver.
+MADE_DRIVER = "capsafe's driver (sim backend) was made at import or collection"
+REFUSED = {"cuda_core_capture": MADE_DRIVER}
+#: ... and those whose protected reruns (--capsafe-protect installs an integration over the
+#: driver at configure time) are refused for that reason in a whole sweep.
+PROTECTED = {"capture", "capture_library_error", "capture_polluter", "capture_leak"}
 TIMEOUT = 3.0  # pytest-timeout in the replays: the hang suite's test waits this long
 
 
@@ -92,8 +99,12 @@ def test_a_forked_replay_writes_the_rows_a_fresh_one_does(
         runner = make_runner(suite, tmp_path / path / "raw", executor)
         results.append(replay(runner, "alone-1", sequence, seed=7))
     fresh, forked = results
-    assert forks.refusals == {}
-    assert (forks.forked, forks.fresh) == (1, 0)
+    if name in REFUSED:  # run fresh, with the reason
+        assert list(forks.refusals.values()) == [REFUSED[name]]
+        assert (forks.forked, forks.fresh) == (0, 1)
+    else:
+        assert forks.refusals == {}
+        assert (forks.forked, forks.fresh) == (1, 0)
     assert comparable(forked.rows) == comparable(fresh.rows)
     assert forked.returncode == fresh.returncode
     assert forked.killed_in == fresh.killed_in
@@ -123,7 +134,13 @@ def test_a_sweep_with_the_fork_server_gives_the_summary_a_fresh_one_does(
     fresh, _ = sweep_summary(SUITES / name, tmp_path / "fresh", fork=False)
     forked, notes = sweep_summary(SUITES / name, tmp_path / "forked", fork=True)
     assert forked == fresh
-    assert len(notes) == 1 and notes[0].endswith(", 0 run fresh")  # no refusal, no fallback
+    if name in REFUSED:
+        assert notes[0].startswith("fork server: 0 replay(s) forked")
+        assert notes[1:] and all(REFUSED[name] in n for n in notes[1:])
+    elif name in PROTECTED:  # the protected reruns' server refuses; the rest fork
+        assert [MADE_DRIVER in n for n in notes[1:]] == [True], notes
+    else:
+        assert len(notes) == 1 and notes[0].endswith(", 0 run fresh")  # no refusal, no fallback
 
 
 POLLUTED = {
