@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from functools import partial
@@ -33,11 +32,10 @@ from capsafe.errors import UsageError, raised_here
 from capsafe.handles import CaptureMode, StreamKind
 
 from ._capture_windows import Windows, exclusive, gate_of
+from ._installer import Installer
 from ._patch import Patches
 
 windows = Windows()  # builders that are building, by id
-_lock = threading.Lock()
-_installed: _Installation | None = None
 
 
 def _core() -> tuple[Any, Any]:
@@ -233,54 +231,30 @@ class _Installation:
         self.patches.replace(builder_cls, "close", close_builder)
         windows.hooked = True
 
+    def undo(self) -> None:
+        self.patches.restore()
+
 
 def install(driver: Backend | None = None) -> bool:
     """Gate cuda.core's device memory and graph building; False when already installed."""
-    global _installed
-    with _lock:
-        if _installed is not None:
-            return False
-        core, builder_cls = _core()
-        _installed = _Installation(
-            core, builder_cls, driver if driver is not None else _driver.get()
-        )
-        return True
+    return _installer.install(driver)
 
 
-def uninstall() -> bool:
-    """Undo `install()`; False when it was not installed. Refused while a builder is building."""
-    global _installed
-    with _lock:
-        if _installed is None:
-            return False
-        try:
-            windows.unhook("graph builder(s) still building")
-        except RuntimeError as busy:
-            raise UsageError(
-                f"capsafe.integrations.cuda_core: {busy}; end the graph builder before uninstalling"
-            ) from None
-        try:
-            _installed.patches.restore()
-        except BaseException:
-            windows.hooked = True  # still installed: hooked begins keep taking the gate
-            raise
-        _installed = None
-        return True
+def _hook(driver: Backend) -> _Installation:
+    core, builder_cls = _core()
+    return _Installation(core, builder_cls, driver)
 
 
-def is_installed() -> bool:
-    return _installed is not None
-
-
-@contextmanager
-def installed(driver: Backend | None = None) -> Iterator[None]:
-    """`install()` for the block; undone at its end only if this block installed it."""
-    changed = install(driver)
-    try:
-        yield
-    finally:
-        if changed:
-            uninstall()
+_installer = Installer(
+    "cuda_core",
+    windows,
+    _hook,
+    still_open="graph builder(s) still building",
+    end_first="end the graph builder",
+)
+uninstall = _installer.uninstall
+is_installed = _installer.is_installed
+installed = _installer.installed
 
 
 @contextmanager
@@ -298,7 +272,7 @@ def capture(
     """
     _, builder_cls = _core()
     driver = driver if driver is not None else _driver.get()
-    state = _installed
+    state = _installer.current
     begin = state.original_begin if state is not None else builder_cls.begin_building
     end = state.original_end if state is not None else builder_cls.end_building
     close = state.original_close if state is not None else builder_cls.close

@@ -32,11 +32,12 @@ from typing import Any
 
 from capsafe import driver as _driver
 from capsafe.backend import Backend
-from capsafe.errors import CudaError, UsageError, raised_here
+from capsafe.errors import CudaError, raised_here
 from capsafe.gate import CaptureGate
 from capsafe.handles import CaptureMode, Context, HostPtr, StreamKind
 
 from ._capture_windows import Windows, exclusive
+from ._installer import Installer
 from ._patch import Patches, defining_class
 
 #: Driver errors whose CUDA runtime error has the same number: re-raised as CuPy's own
@@ -61,8 +62,6 @@ _MODE_NAMES = {
 }
 
 windows = Windows()  # captures begun through the hooks or `capture()`, by stream pointer
-_lock = threading.Lock()
-_installed: _Installation | None = None
 
 
 def _cupy() -> Any:
@@ -288,48 +287,13 @@ def install(driver: Backend | None = None) -> bool:
 
     Returns False when already installed (nothing changes).
     """
-    global _installed
-    with _lock:
-        if _installed is not None:
-            return False
-        _installed = _Installation(_cupy(), driver if driver is not None else _driver.get())
-        return True
+    return _installer.install(driver)
 
 
-def uninstall() -> bool:
-    """Undo `install()`; False when it was not installed. Refused while a capture is open."""
-    global _installed
-    with _lock:
-        if _installed is None:
-            return False
-        try:
-            windows.unhook()
-        except RuntimeError as busy:
-            raise UsageError(
-                f"capsafe.integrations.cupy: {busy}; end the capture before uninstalling"
-            ) from None
-        try:
-            _installed.undo()
-        except BaseException:
-            windows.hooked = True  # still installed: hooked begins keep taking the gate
-            raise
-        _installed = None
-        return True
-
-
-def is_installed() -> bool:
-    return _installed is not None
-
-
-@contextmanager
-def installed(driver: Backend | None = None) -> Iterator[None]:
-    """`install()` for the block; undone at its end only if this block installed it."""
-    changed = install(driver)
-    try:
-        yield
-    finally:
-        if changed:
-            uninstall()
+_installer = Installer("cupy", windows, lambda driver: _Installation(_cupy(), driver))
+uninstall = _installer.uninstall
+is_installed = _installer.is_installed
+installed = _installer.installed
 
 
 class Captured:
@@ -355,7 +319,7 @@ def capture(
     cupy = _cupy()
     driver = driver if driver is not None else _driver.get()
     ours = CaptureMode.parse(mode)
-    state = _installed
+    state = _installer.current
     begin = state.original_begin if state is not None else type(stream).begin_capture
     end = state.original_end if state is not None else type(stream).end_capture
     result = Captured()

@@ -26,17 +26,15 @@ from __future__ import annotations
 
 import functools
 import importlib
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
-from capsafe import driver as _driver
 from capsafe.backend import Backend
 from capsafe.errors import UsageError, raised_here
 from capsafe.handles import CaptureMode, StreamKind
 
 from ._capture_windows import Windows, exclusive, gate_of
+from ._installer import Installer
 from ._patch import Patches, defining_class
 from .observe import TORCH_END_METHODS
 
@@ -59,8 +57,6 @@ METHODS: tuple[tuple[str, str, str | None], ...] = (
 END_METHODS = TORCH_END_METHODS
 
 windows = Windows()  # captures begun through the hooks, by CUDAGraph
-_lock = threading.Lock()
-_installed: _Installation | None = None
 
 
 def _torch() -> Any:
@@ -189,49 +185,15 @@ def _method(gated: Callable[..., Any]) -> Callable[..., Any]:
     return method
 
 
+_installer = Installer("torch", windows, lambda driver: _Installation(_torch(), driver))
+
+
 def install(driver: Backend | None = None) -> bool:
     """Route torch's captures and synchronizing calls through the gate of `driver`
     (default `driver.get()`). Returns False when already installed (nothing changes)."""
-    global _installed
-    with _lock:
-        if _installed is not None:
-            return False
-        torch = _torch()
-        _installed = _Installation(torch, driver if driver is not None else _driver.get())
-        return True
+    return _installer.install(driver)
 
 
-def uninstall() -> bool:
-    """Undo `install()`; False when it was not installed. Refused while a capture is open."""
-    global _installed
-    with _lock:
-        if _installed is None:
-            return False
-        try:
-            windows.unhook()
-        except RuntimeError as busy:
-            raise UsageError(
-                f"capsafe.integrations.torch: {busy}; end the capture before uninstalling"
-            ) from None
-        try:
-            _installed.undo()
-        except BaseException:
-            windows.hooked = True  # still installed: hooked begins keep taking the gate
-            raise
-        _installed = None
-        return True
-
-
-def is_installed() -> bool:
-    return _installed is not None
-
-
-@contextmanager
-def installed(driver: Backend | None = None) -> Iterator[None]:
-    """`install()` for the block; undone at its end only if this block installed it."""
-    changed = install(driver)
-    try:
-        yield
-    finally:
-        if changed:
-            uninstall()
+uninstall = _installer.uninstall
+is_installed = _installer.is_installed
+installed = _installer.installed
