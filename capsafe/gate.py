@@ -34,12 +34,18 @@ and reads one `closed` flag; a capture sets `closed` and then scans the
 records (under the GIL the store-then-load order makes this a Dekker handshake;
 the lock is only taken when the flag is set). Call sites are not recorded on the
 fast path: the timeout error reads the holders' live stacks instead.
+
+This module is the public API: the shared side's fast path (`enter`, `exit`,
+`wrap`), `begin_capture`, the guard, and the process-wide gate. The rest of
+`CaptureGate` is built from one class per role, each deriving from the one below:
+`_gate_state` (the per-thread records and the fields), `_gate_stats` (counters,
+holders), `_gate_release` (a window's end and the teardown deferred to it) and
+`_gate_waiting` (the waits to enter and to capture).
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 import sys
 import threading
 import time
@@ -47,106 +53,36 @@ import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 from capsafe import _state
-from capsafe._diagnostics import (
-    Holder,
-    Site,
-    capture_timeout_message,
-    current_frames,
-    format_site,
-    holder_site,
-    outer_site,
-    shared_timeout_message,
-    site_of,
-)
-from capsafe.errors import CapsafeError, UsageError, raised_here
+from capsafe._diagnostics import Site, current_frames, format_site, outer_site
+from capsafe._gate_state import _CAPTURE_WAIT, _NOT_WAITING, _union, _union_all
+from capsafe._gate_state import _Record as _Record  # re-exported: tests name the record type
+from capsafe._gate_stats import GateStats
+from capsafe._gate_waiting import GateTimeout, _GateWaiting
+from capsafe.errors import UsageError, raised_here
 
-log = logging.getLogger("capsafe")
+__all__ = [
+    "DEFAULT_CAPTURE_TIMEOUT_S",
+    "DEFAULT_FAIRNESS_S",
+    "DEFAULT_SHARED_TIMEOUT_S",
+    "CaptureGate",
+    "CaptureGuard",
+    "GateStats",
+    "GateTimeout",
+    "current_frames",
+    "gate",
+]
 
 DEFAULT_CAPTURE_TIMEOUT_S = 60.0
 #: How long a shared section waits for a capture window before `GateTimeout`.
 DEFAULT_SHARED_TIMEOUT_S = 60.0
 #: A waiting capture re-checks this often (a holder's thread may have exited).
 _POLL_S = 0.05
-# What a thread is waiting for inside the gate (`_Record.waiting`).
-_NOT_WAITING, _SHARED_WAIT, _NESTED_WAIT, _CAPTURE_WAIT = 0, 1, 2, 3
 #: A shared section that waited this long enters at the next capture end, ahead of
 #: the next capture (and a waiting section re-checks the gate this often).
 DEFAULT_FAIRNESS_S = 0.001
-_Deferred = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
-
-
-class GateTimeout(CapsafeError, TimeoutError):
-    """A wait at the gate ran out; the message names who holds it and where."""
-
-
-@dataclass(frozen=True)
-class GateStats:
-    """Counters since the gate was created (or since fork)."""
-
-    shared_entered: int  # outermost shared sections entered (nested re-entries not counted)
-    contended_waits: int  # shared sections that had to wait for a capture
-    capture_waits: int  # captures that had to wait for shared holders or another capture
-    max_wait_s: float  # the longest single wait, shared or capture
-    bypassed: int  # shared sections the capturing thread entered inside its own window
-    admitted_measured: int  # sections the measured policy let run beside an open capture
-    captures: int  # exclusive windows taken
-    deferred: int  # callables deferred to the end of a capture (teardown during capture)
-    open_captures: int
-    holders: tuple[Holder, ...]
-
-
-class _Record:
-    """One thread's view of the gate. Only its own thread writes `depth` and `entered`.
-
-    depth > 0: nested shared sections; depth < 0: sections the measured policy
-    admitted beside an open capture (see `CaptureGate.enter`); 0: none.
-    Written under the gate lock: `aside` marks a thread waiting for or holding
-    the exclusive side (its shared sections do not block other captures);
-    `waiting` what the thread waits for inside the gate; `granted` an entry
-    ahead of the next capture, which counts only while the thread still waits.
-    """
-
-    __slots__ = (
-        "__weakref__",
-        "aside",
-        "depth",
-        "entered",
-        "granted",
-        "lax_window",
-        "name",
-        "thread",
-        "thread_id",
-        "waiting",
-        "waiting_since",
-    )
-
-    def __init__(self) -> None:
-        current = threading.current_thread()
-        self.depth = 0
-        self.entered = 0
-        self.aside = False
-        self.granted = False
-        self.lax_window = 0
-        self.waiting = _NOT_WAITING
-        self.waiting_since = 0.0
-        self.thread = weakref.ref(current)
-        self.thread_id = threading.get_ident()
-        self.name = current.name  # kept for messages after the thread has gone
-
-    @property
-    def thread_name(self) -> str:
-        thread = self.thread()
-        if thread is not None:
-            self.name = thread.name
-        return self.name
-
-    def dead(self) -> bool:
-        thread = self.thread()
-        return thread is None or not thread.is_alive()
 
 
 class CaptureGuard:
@@ -213,7 +149,7 @@ class CaptureGuard:
         self.release()
 
 
-class CaptureGate:
+class CaptureGate(_GateWaiting):
     """One reader/writer gate; use `gate()` for the process-wide instance.
 
     `enter()`/`exit()` (or `with gate:` / `with gate.shared(call):`) bracket a
@@ -241,10 +177,10 @@ class CaptureGate:
         # Re-entrant: a finalizer the GC runs while this thread is inside the
         # gate's own code may call back into the gate.
         self._lock = threading.RLock()
-        self._may_enter = threading.Condition(self._lock)  # shared sections wait here
-        self._may_capture = threading.Condition(self._lock)  # captures wait here
+        self._may_enter = threading.Condition(self._lock)
+        self._may_capture = threading.Condition(self._lock)
         self._tls = threading.local()
-        self._records: list[_Record] = []
+        self._records = []
         if keep is not None:  # the thread that forked keeps its own open sections
             keep.aside = keep.granted = False
             keep.waiting = _NOT_WAITING
@@ -253,20 +189,20 @@ class CaptureGate:
             keep.thread_id = threading.get_ident()
             self._tls.rec = keep
             self._records.append(keep)
-        self._owner: _Record | None = None
-        self._guards: list[CaptureGuard] = []
-        self._harmful: frozenset[str] | None = frozenset()
-        self._window = 0  # bumped at every exclusive acquisition
+        self._owner = None
+        self._guards = []
+        self._harmful = frozenset()
+        self._window = 0
         self._writers_waiting = 0
-        self._closed = False  # a capture holds or waits for the exclusive side
-        self._deferred: list[_Deferred] = []
-        self._teardown: list[_Deferred] = []  # other threads' destroys, run at the window's end
+        self._closed = False
+        self._deferred = []
+        self._teardown = []
         self._generation = getattr(self, "_generation", 0) + 1
         self._retired_entered = 0
         self._contended = self._capture_waits = self._bypassed = self._admitted = 0
         self._captures = self._deferred_total = 0
         self._max_wait = 0.0
-        self._bypassed_calls: Counter[str] = Counter()
+        self._bypassed_calls = Counter()
 
     # -- shared side ----------------------------------------------------------
     def _record(self) -> _Record:
@@ -398,140 +334,6 @@ class CaptureGate:
 
         return by_args
 
-    def _admissible(self, call: str | None) -> bool:
-        # Measured policy: a named call the open captures cannot be broken by may run
-        # now, unless another capture waits (it must not be starved by admissions).
-        harmful = self._harmful
-        return (
-            call is not None
-            and self._owner is not None
-            and harmful is not None
-            and call not in harmful
-            and not self._writers_waiting
-        )
-
-    def _refuse_reentry(self, rec: _Record, call: str | None) -> None:
-        # A finalizer or signal handler ran a gated call inside this thread's own
-        # wait: waiting again there could deadlock, running it could break the
-        # capture. Releases are deferred before they get here (defer_if_capturing).
-        raise UsageError(
-            f"capture gate: {call or 'a gated call'} on thread {rec.thread_name!r} while "
-            "that thread waits at the gate (a finalizer or signal handler ran it); only "
-            "releases may run there (they are deferred): make the call outside it"
-        )
-
-    def _enter_aside(self, rec: _Record, call: str | None) -> None:
-        with self._lock:
-            if rec is self._owner:
-                self._bypassed += 1
-                self._bypassed_calls[call or "(unnamed)"] += 1
-            elif rec.waiting:
-                self._refuse_reentry(rec, call)
-            # else: another thread released our capture meanwhile; a plain nested section
-            rec.depth += 1
-
-    def _enter_slow(self, rec: _Record, call: str | None) -> None:
-        try:
-            with self._lock:
-                if not self._closed:
-                    return  # the capture ended between our store and our look
-                if rec is self._owner:
-                    self._bypassed += 1
-                    self._bypassed_calls[call or "(unnamed)"] += 1
-                    return
-                rec.depth = 0  # step back out: a draining capture may have counted us
-                rec.entered -= 1
-                if rec.waiting or rec.aside:
-                    self._refuse_reentry(rec, call)
-                if self._admissible(call):
-                    self._admit(rec)
-                else:
-                    self._may_capture.notify_all()
-                    self._contended += 1
-                    self._wait_to_enter(rec, call)
-                rec.entered += 1
-        finally:
-            if self._deferred:
-                self._flush_orphans()
-
-    def _admit(self, rec: _Record) -> None:
-        rec.depth = -1
-        rec.lax_window = self._window
-        self._admitted += 1
-
-    def _wait_to_enter(self, rec: _Record, call: str | None) -> None:
-        start = time.monotonic()
-        deadline = None if self.shared_timeout is None else start + self.shared_timeout
-        rec.waiting_since = start
-        rec.waiting = _SHARED_WAIT
-        try:
-            while True:
-                if rec.granted or not self._closed:
-                    rec.depth = 1  # a capture ended: our turn (the grant is used below)
-                    break
-                if self._admissible(call):
-                    self._admit(rec)
-                    break
-                remaining = _remaining(deadline)
-                if remaining is not None and remaining <= 0:
-                    raise GateTimeout(self._shared_timeout_message(rec, call))
-                self._wait(self._may_enter, self.fairness_s)
-        finally:
-            # Straight-line stores first (no call, so no signal lands between them):
-            # the grant is consumed (we entered) or returned (we did not), either way.
-            rec.waiting = _NOT_WAITING
-            rec.granted = False
-            rec.waiting_since = 0.0
-            self._may_capture.notify_all()
-            self._note_wait(time.monotonic() - start)
-
-    def _enter_nested_admitted(self, rec: _Record, call: str | None) -> None:
-        # Nested inside a section admitted beside an open capture: a call that
-        # could break that capture waits ("parked") until the window ends. A parked
-        # thread runs no driver code, so the owner's nested captures do not wait for
-        # it (no cycle); other threads' captures do, so nothing overlaps its section.
-        with self._lock:
-            if rec.lax_window == self._window and self._owner is not None:
-                if self._admissible(call):
-                    rec.depth -= 1
-                    return
-                if rec.waiting:
-                    self._refuse_reentry(rec, call)
-                start = time.monotonic()
-                deadline = None if self.shared_timeout is None else start + self.shared_timeout
-                self._contended += 1
-                rec.waiting_since = start
-                rec.waiting = _NESTED_WAIT
-                try:
-                    while rec.lax_window == self._window and self._owner is not None:
-                        remaining = _remaining(deadline)
-                        if remaining is not None and remaining <= 0:
-                            raise GateTimeout(self._shared_timeout_message(rec, call))
-                        self._wait(self._may_enter, _POLL_S if remaining is None else remaining)
-                finally:
-                    rec.waiting = _NOT_WAITING
-                    rec.waiting_since = 0.0
-                    self._note_wait(time.monotonic() - start)
-            rec.depth = -rec.depth + 1
-
-    def _wait(self, condition: threading.Condition, timeout: float) -> None:
-        try:
-            condition.wait(timeout)
-        except BaseException:
-            # Condition.wait can raise with the lock released (a signal just after it let
-            # go); the caller's `with self._lock` must still find it held.
-            if not self._lock._is_owned():  # type: ignore[attr-defined]
-                self._lock.acquire()
-            raise
-
-    def _wake(self) -> None:
-        with self._lock:
-            self._may_capture.notify_all()
-
-    def _note_wait(self, seconds: float) -> None:
-        if seconds > self._max_wait:
-            self._max_wait = seconds
-
     # -- exclusive side -----------------------------------------------------------
     def begin_capture(
         self,
@@ -652,295 +454,25 @@ class CaptureGate:
         self._captures += 1
         return guard
 
-    def _wait_until(self, ready: Callable[[], bool], timeout: float | None, label: str) -> None:
-        if ready():
-            return
-        self._capture_waits += 1
-        start = time.monotonic()
-        deadline = None if timeout is None else start + timeout
-        try:
-            while not ready():
-                remaining = _remaining(deadline)
-                if remaining is not None and remaining <= 0:
-                    raise GateTimeout(self._timeout_message(label, timeout))
-                self._wait(
-                    self._may_capture, _POLL_S if remaining is None else min(remaining, _POLL_S)
-                )
-        finally:
-            self._note_wait(time.monotonic() - start)
-
-    def _grants_pending(self) -> bool:
-        # A grant counts only while its thread still waits for it (and lives).
-        return any(r.granted and r.waiting == _SHARED_WAIT and not r.dead() for r in self._records)
-
-    def _blocking_records(self, me: _Record) -> list[_Record]:
-        # Sections of threads that have exited run nothing: they block no one.
-        return [
-            r for r in self._records if r.depth and not r.aside and r is not me and not r.dead()
-        ]
-
-    def _running_admitted(self, me: _Record) -> list[_Record]:
-        # Admitted sections that may be in the driver now: not parked, not waiting to
-        # begin a capture of their own (both run no driver code until we end).
-        return [
-            r
-            for r in self._records
-            if r.depth < 0
-            and r is not me
-            and not r.aside
-            and r.waiting == _NOT_WAITING
-            and not r.dead()
-        ]
-
-    def _release(self, guard: CaptureGuard) -> bool:
-        deferred: list[_Deferred] = []
-        try:
-            with self._lock:
-                if guard._released:
-                    return False
-                if guard._generation != self._generation:
-                    guard._released = True
-                    return True  # taken before fork: the child's gate never held it
-                remaining = [g for g in self._guards if g is not guard]
-                if not remaining and self._teardown:
-                    self._run_teardown_locked()  # still exclusive: nothing begins beside it
-                # Stores only from here to the end of the transition: a signal lands at a
-                # call, so the gate is never left half released (owner kept, guard gone).
-                guard._released = True
-                self._guards = remaining
-                if remaining:
-                    self._harmful = _union_all(g.harmful for g in remaining)
-                    return True
-                guard.record.aside = False
-                self._owner = None
-                self._harmful = _NOTHING
-                self._closed = self._writers_waiting > 0
-                if self._wake_waiting_sections():
-                    self._may_enter.notify_all()
-                self._may_capture.notify_all()
-                # Taken last: a signal at a wake-up above leaves them on the gate, for
-                # _finish_release to run.
-                deferred, self._deferred = self._deferred, []
-            _run_deferred(deferred)
-        except BaseException:
-            self._give_back(deferred)
-            raise
-        return True
-
-    def _finish_release(self, guard: CaptureGuard) -> None:
-        # A release an exception interrupted: finish it (a no-op when it got that far),
-        # then do the wake-ups and deferred teardown it may have skipped.
-        self._release(guard)
-        with self._lock:
-            self._may_enter.notify_all()
-            self._may_capture.notify_all()
-        if self._deferred:
-            self._flush_orphans()
-
-    def _wake_waiting_sections(self) -> bool:
-        # Sections that waited fairness_s or longer enter before the next capture, so
-        # a tight capture loop cannot starve allocator threads. Younger waiters are
-        # not woken: they re-check every fairness_s, and waking them at every capture
-        # end would cost more than the capture. Parked sections may go on now.
-        oldest_allowed = time.monotonic() - self.fairness_s
-        wake = False
-        for rec in self._records:
-            if rec.waiting == _SHARED_WAIT and rec.waiting_since <= oldest_allowed:
-                rec.granted = wake = True
-            elif rec.waiting == _NESTED_WAIT:
-                wake = True
-        return wake
-
-    def _flush_orphans(self) -> None:
-        # Releases deferred from a finalizer on a waiting thread run at the next capture
-        # end; when no capture is open or coming, that is now.
-        with self._lock:
-            if self._owner is not None or self._writers_waiting or not self._deferred:
-                return
-            deferred, self._deferred = self._deferred, []
-        try:
-            _run_deferred(deferred)
-        except BaseException:
-            self._give_back(deferred)
-            raise
-
-    def _give_back(self, deferred: list[_Deferred]) -> None:
-        # Deferred releases taken off the gate that a signal stopped before they ran go
-        # back to its queue (the next capture end, or _finish_release, runs them).
-        if deferred:
-            with self._lock:
-                self._deferred[:0] = deferred
-
     def owned_by_current_thread(self) -> bool:
         """True while this thread holds the exclusive side (a capture of its own is open)."""
         owner = self._owner
         return owner is not None and getattr(self._tls, "rec", None) is owner
 
-    def bypassed_calls(self) -> Counter[str]:
-        """Calls capturing threads made inside their own windows, by name (a copy)."""
-        with self._lock:
-            return Counter(self._bypassed_calls)
-
-    def defer_if_capturing(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
-        """Queue `fn(*args, **kwargs)` until the capture ends; False when it may run now.
-
-        It may not run now when this thread's own capture is open (a finalizer the
-        GC runs mid-capture would break it) or when this thread is waiting inside
-        the gate (a finalizer or signal handler landed in the wait). Deferring a
-        release only delays it.
-        """
-        rec = getattr(self._tls, "rec", None)
-        if rec is None or (rec is not self._owner and not rec.waiting):
-            return False
-        # No lock: list.append is atomic, and a finalizer may run while this thread
-        # is inside the gate's own code.
-        self._deferred.append((fn, args, kwargs))
-        self._deferred_total += 1
-        return True
-
-    def defer_while_closed(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
-        """Queue teardown that must neither wait nor run beside a capture; False: run it now.
-
-        While any thread's capture holds or waits for the exclusive side, `fn` runs
-        at that capture's end (at once if none is open or coming by then), so the
-        caller never stalls: a helper that ends captures for other threads and
-        destroys their finished graphs does not wait for the next capture. Errors
-        of the deferred call are logged.
-        """
-        with self._lock:  # not the hot path: a graph executable's destroy
-            if not self._closed:
-                return False
-            self._teardown.append((fn, args, kwargs))
-            self._deferred_total += 1
-        return True
-
-    def _run_teardown_locked(self) -> None:
-        # Called under the lock while no other thread can begin a capture (the ending
-        # one still holds the exclusive side, or none holds or waits for it).
-        teardown, self._teardown = self._teardown, []
-        try:
-            _run_deferred(teardown)
-        except BaseException:
-            self._teardown[:0] = teardown  # those a signal stopped before they ran
-            raise
-
-    # -- observability --------------------------------------------------------
-    def holders(self) -> tuple[Holder, ...]:
-        """Threads holding or waiting for the gate now, with call sites from their live stacks."""
-        with self._lock:
-            return self._holders_locked()
-
-    def _holders_locked(self, skip: _Record | None = None) -> tuple[Holder, ...]:
-        # Threads are told apart by their record (one per live Thread object), never by
-        # ident: a new thread may reuse an exited holder's ident.
-        frames = current_frames()
-        owner_guard = self._guards[0] if self._guards else None
-        out = []
-        for rec in self._records:
-            if rec is skip:
-                continue
-            dead = rec.dead()
-            if rec is self._owner:
-                role = "capture"
-            elif rec.aside:
-                role = "waiting capture"
-            elif rec.granted and rec.waiting == _SHARED_WAIT:
-                role = "granted entry"
-            elif rec.depth and not dead:
-                role = "shared"
-            else:
-                continue
-            frame = None if dead else frames.get(rec.thread_id)  # a reused ident is not ours
-            site = holder_site(frame)
-            if role == "capture" and owner_guard is not None:
-                site = owner_guard._site
-            out.append(
-                Holder(
-                    rec.thread_name,
-                    rec.thread_id,
-                    role,
-                    abs(rec.depth),
-                    format_site(site),
-                    format_site(site_of(frame)),
-                    exited=dead,
-                )
-            )
-        return tuple(out)
-
-    def _others(self) -> tuple[Holder, ...]:
-        return self._holders_locked(skip=getattr(self._tls, "rec", None))
-
-    def _timeout_message(self, label: str, timeout: float | None) -> str:
-        return capture_timeout_message(label, timeout, self._others())
-
-    def _shared_timeout_message(self, rec: _Record, call: str | None) -> str:
-        guard = self._guards[0] if self._guards else None
-        label = guard.label if guard is not None else ""
-        return shared_timeout_message(
-            call, rec.thread_name, self.shared_timeout, label, self._others()
-        )
-
-    def stats(self) -> GateStats:
-        with self._lock:
-            self._prune()
-            entered = self._retired_entered + sum(r.entered for r in self._records)
-            return GateStats(
-                shared_entered=entered,
-                contended_waits=self._contended,
-                capture_waits=self._capture_waits,
-                max_wait_s=self._max_wait,
-                bypassed=self._bypassed,
-                admitted_measured=self._admitted,
-                captures=self._captures,
-                deferred=self._deferred_total,
-                open_captures=len(self._guards),
-                holders=self._holders_locked(),
-            )
-
-    def _prune(self) -> None:
-        # Forget threads that ended and own nothing (called under the lock).
-        if len(self._records) < 8:
-            return
-        keep = []
-        for rec in self._records:
-            if rec.dead() and rec is not self._owner:
-                self._retired_entered += rec.entered
-            else:
-                keep.append(rec)
-        self._records = keep
-
     def _after_fork_in_child(self) -> None:
         keep = getattr(self._tls, "rec", None)
         self._init_state(keep)
 
+    # The clock and poll period of every wait, read from this module at each use: the
+    # model check sets `capsafe.gate.time` to a virtual clock, a test sets `_POLL_S`.
+    def _now(self) -> float:
+        return time.monotonic()
 
-_NOTHING: frozenset[str] = frozenset()
+    def _poll_s(self) -> float:
+        return _POLL_S
+
+
 _NO_SECTION = "capture gate: exit() without a matching enter() on this thread"
-
-
-def _remaining(deadline: float | None) -> float | None:
-    return None if deadline is None else deadline - time.monotonic()
-
-
-def _union(a: frozenset[str] | None, b: frozenset[str] | None) -> frozenset[str] | None:
-    return None if a is None or b is None else a | b
-
-
-def _union_all(sets: Iterator[frozenset[str] | None]) -> frozenset[str] | None:
-    out: frozenset[str] | None = frozenset()
-    for s in sets:
-        out = _union(out, s)
-    return out
-
-
-def _run_deferred(deferred: list[_Deferred]) -> None:
-    """Run and remove each in turn: what an exception stops before it runs stays listed."""
-    while deferred:
-        fn, args, kwargs = deferred.pop(0)
-        try:
-            fn(*args, **kwargs)
-        except Exception:  # one failed release must not leak the others
-            log.exception("capsafe: deferred teardown %s failed", getattr(fn, "__name__", fn))
 
 
 _live_gates: weakref.WeakSet[CaptureGate] = weakref.WeakSet()

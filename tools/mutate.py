@@ -41,8 +41,16 @@ ROOT = Path(__file__).resolve().parents[1]
 #: first failure ends the run). The signal stress and the slower model variants are
 #: left out to keep a full run near 15 minutes on two cores; the fast tests in
 #: test_gate_guarantees.py cover what the stress test would catch.
-ORACLES = {
-    "capsafe/gate.py": (
+#: The capture gate's modules: `capsafe/gate.py` and one per role of the gate, all
+#: judged by the gate's tests and sharing its skipped functions and equivalents.
+GATE_FILES = (
+    "capsafe/gate.py",
+    "capsafe/_gate_state.py",
+    "capsafe/_gate_stats.py",
+    "capsafe/_gate_release.py",
+    "capsafe/_gate_waiting.py",
+)
+_GATE_ORACLE = (
         "tests/core/test_gate_guarantees.py",
         "tests/core/test_gate_failures.py",
         "tests/core/test_gate_bookkeeping.py",
@@ -53,7 +61,9 @@ ORACLES = {
         "tests/core/test_capture_recovery.py",
         "tests/core/test_facade.py",
         "tests/core/test_capture.py",
-    ),
+)  # fmt: skip
+ORACLES = {
+    **dict.fromkeys(GATE_FILES, _GATE_ORACLE),
     "capsafe/kernel_cache/store.py": (
         "tests/kernel_cache/test_kernel_cache.py",
         "tests/kernel_cache/test_kernel_cache_hostile.py",
@@ -96,8 +106,7 @@ _FLIP = {
 #: level code is skipped too: imports, names, dataclass fields and tunables (a timeout
 #: or poll period changed by 2x changes only how long a wait lasts, which tests must
 #: not assert), and whatever else is there fails at import.
-SKIP_FUNCTIONS = {
-    "capsafe/gate.py": frozenset(
+_GATE_SKIP = frozenset(
         {
             "describe",
             "site",
@@ -112,12 +121,11 @@ SKIP_FUNCTIONS = {
             "_short",
             "current_frames",
         }
-    ),
-}
+)  # fmt: skip
+SKIP_FUNCTIONS = dict.fromkeys(GATE_FILES, _GATE_SKIP)
 #: Single mutants that cannot change behaviour, by (function, "kind: what"), each with
 #: the reason; the generator leaves them out.
-EQUIVALENT = {
-    "capsafe/gate.py": {
+_GATE_EQUIVALENT = {
         # _harmful is read only while a capture is open (_admissible checks _owner
         # first) and every exclusive acquisition sets it before anyone reads it.
         ("_release", "removed: `self._harmful = _NOTHING` removed"),
@@ -155,7 +163,7 @@ EQUIVALENT = {
         (
             "_enter_nested_admitted",
             "comparison: is -> is not in "
-            "`self._wait(self._may_enter, _POLL_S if remaining is None ...`",
+            "`self._wait(self._may_enter, self._poll_s() if remaining i...`",
         ),
         # The caller's site is the first frame outside capsafe, found by walking out of
         # the package's frames: starting from begin_capture's own frame finds the same.
@@ -194,7 +202,9 @@ EQUIVALENT = {
         ("_prune", "constant: 8 -> 9 in `if len(self._records) < 8:`"),
         ("_prune", "removed: `return` removed"),  # pruning sooner
         ("stats", "removed: `self._prune()` removed"),  # each new thread's record prunes too
-    },
+}  # fmt: skip
+EQUIVALENT = {
+    **dict.fromkeys(GATE_FILES, _GATE_EQUIVALENT),
     "capsafe/kernel_cache/store.py": {
         # Not returning early here reaches the eviction loop, which breaks at once
         # when the total fits or nothing is evictable (budget 0 lists nothing): the
@@ -224,14 +234,18 @@ EQUIVALENT = {
 #: refactor removed is reported on stderr (not silently dropped) and the run goes on.
 NAMED = {
     "capsafe/gate.py": (
-        ("a: finalizer's call runs in a wait", "_enter_aside",
-         "self._refuse_reentry(rec, call)", "pass"),
         ("b: missed wake-up of a waiting capture", "exit", "self._wake()", "pass"),
+        ("e: a signal in the slow path leaks a section", "enter", "rec.depth = depth", "pass"),
+    ),
+    "capsafe/_gate_release.py": (
         ("c: release reopens under a waiting capture", "_release",
          "self._closed = self._writers_waiting > 0", "self._closed = False"),
+    ),
+    "capsafe/_gate_waiting.py": (
+        ("a: finalizer's call runs in a wait", "_enter_aside",
+         "self._refuse_reentry(rec, call)", "pass"),
         ("d: measured admission while a capture waits", "_admissible",
          "not self._writers_waiting", "True"),
-        ("e: a signal in the slow path leaks a section", "enter", "rec.depth = depth", "pass"),
     ),
 }  # fmt: skip
 _REMOVABLE = (
