@@ -53,6 +53,7 @@ GATE_FILES = (
 _GATE_ORACLE = (
         "tests/core/test_gate_guarantees.py",
         "tests/core/test_gate_failures.py",
+        "tests/core/test_gate_deferred_recovery.py",
         "tests/core/test_gate_bookkeeping.py",
         "tests/core/test_signal_points.py",
         "tests/core/test_gate.py",
