@@ -9,7 +9,9 @@ against. By concern:
 - `streams`: lazy per-stream work queues and the legacy stream's implicit sync;
 - `capture`: captures, graphs, and the hazard table applied to every call;
 - `kernels`: module images, launch limits, Python kernel stand-ins;
-- `backend`: `SimBackend`, the driver calls over all of the above.
+- the driver calls over all of the above, by what they work on: `contexts` (devices,
+  contexts, and the checks every call makes first), `stream_calls`, `memory_calls`,
+  `kernel_calls`; `backend`: `SimBackend`, which joins them.
 """
 
 from __future__ import annotations
