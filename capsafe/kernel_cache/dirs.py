@@ -171,6 +171,22 @@ def write_new(parent: int, name: str, data: bytes) -> None:
         raise
 
 
+def replace_with(parent: int, name: str, temp: str, data: bytes) -> None:
+    """Put `data` at `name` in one step: written to the new file `temp`, renamed over `name`.
+
+    Readers see the old file or the new one, never a part of it; on failure `temp` is
+    removed and `name` left as it was. No fsync: a crash can at worst leave a torn file,
+    which every reader here checks for; fsync would cost milliseconds per write.
+    """
+    write_new(parent, temp, data)
+    try:
+        os.replace(temp, name, src_dir_fd=parent, dst_dir_fd=parent)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(temp, dir_fd=parent)
+        raise
+
+
 def regular_size(parent: int, name: str) -> int:
     """The size of regular file `name`, 0 when it is missing or anything else."""
     try:

@@ -79,12 +79,5 @@ def merge(
         totals[name] = max(totals.get(name, 0) + amount, 0)
     if set_bytes is not None:
         totals[TRACKED] = set_bytes
-    temp = temp_name()
-    dirs.write_new(root, temp, json.dumps(totals, sort_keys=True).encode())
-    try:
-        os.replace(temp, FILE, src_dir_fd=root, dst_dir_fd=root)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(temp, dir_fd=root)
-        raise
+    dirs.replace_with(root, FILE, temp_name(), json.dumps(totals, sort_keys=True).encode())
     return totals

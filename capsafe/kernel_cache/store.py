@@ -205,15 +205,7 @@ class KernelCache:
         try:
             with self._shard(key, create=True) as shard:
                 replaced = dirs.regular_size(shard, key)
-                dirs.write_new(shard, temp, data)
-                try:
-                    # No fsync: a crash can at worst leave a torn entry, which the checksum
-                    # turns into a miss; fsync would cost milliseconds per entry.
-                    os.replace(temp, key, src_dir_fd=shard, dst_dir_fd=shard)
-                except OSError:
-                    with contextlib.suppress(OSError):
-                        os.unlink(temp, dir_fd=shard)
-                    raise
+                dirs.replace_with(shard, key, temp, data)  # a torn entry fails its checksum
         except OSError as exc:
             self._warn(f"cannot write {self.entry_path(key)}: {exc.strerror or exc}")
             return False
