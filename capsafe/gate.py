@@ -75,6 +75,9 @@ __all__ = [
     "gate",
 ]
 
+# Their public home, as in tracebacks and pickles before the gate was split by role.
+GateTimeout.__module__ = GateStats.__module__ = __name__
+
 DEFAULT_CAPTURE_TIMEOUT_S = 60.0
 #: How long a shared section waits for a capture window before `GateTimeout`.
 DEFAULT_SHARED_TIMEOUT_S = 60.0
