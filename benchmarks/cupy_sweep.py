@@ -1,11 +1,13 @@
 """A third-party GPU suite under the sweep: CuPy's own graph and stream tests, plain vs swept.
 
 Measured side by side in one call, from the suite's own directory (its conftest and
-pytest settings apply): one plain `pytest` run of the files, then `capsafe sweep` of the
-same files with `--runs 3 --workers 2 --neighbors 2`, then the same sweep without
-`--neighbors`. Each sweep writes its reports under --out; this prints, per sweep, the
-verdict counts, every capture-unsafe test with the calls that break it, the phase
-times, and last the wall-time ratio of the neighbour sweep to the plain run.
+pytest settings apply): one plain `pytest -n 2` run of the files (the sweep's own worker
+count: issue 21 states every cost as a ratio to it) and one plain serial `pytest`, then
+`capsafe sweep` of the same files with `--runs 3 --workers 2 --neighbors 2`, then the
+same sweep without `--neighbors`. Each sweep writes its reports under --out; this prints,
+per sweep, the verdict counts, every capture-unsafe test with the calls that break it,
+the phase times, and last the wall-time ratio of the neighbour sweep to the plain
+`pytest -n 2` run (and, beside it, to the serial one).
 
     python benchmarks/cupy_sweep.py --suite .gpu/cupy-v14.2.0 --out reports/gpu
 
@@ -78,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", type=Path, required=True, help="the CuPy suite folder")
     parser.add_argument("--out", type=Path, required=True, help="reports and logs go here")
-    parser.add_argument("--limit", type=float, default=10.0, help="allowed sweep/plain ratio")
+    parser.add_argument("--limit", type=float, default=6.0,
+                        help="allowed sweep / plain `pytest -n 2` ratio")  # fmt: skip
     parser.add_argument("--files", nargs="+", default=list(FILES),
                         help="test files, relative to --suite (default: CuPy's two)")  # fmt: skip
     args = parser.parse_args(argv)
@@ -87,9 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     capsafe = shutil.which("capsafe") or "capsafe"
     pytest = [sys.executable, "-m", "pytest", *args.files, "-q", "-p", "no:cacheprovider"]
 
-    plain_s, plain_rc, plain_out = timed(pytest, suite, out / "cupy_plain.log")
+    serial_s, serial_rc, serial_out = timed(pytest, suite, out / "cupy_plain_serial.log")
+    plain_s, plain_rc, plain_out = timed([*pytest, "-n", "2"], suite, out / "cupy_plain.log")
     plain_tests = ran_tests(plain_out)
-    print(f"plain pytest: {plain_s:.1f} s, exit {plain_rc}, {plain_tests} tests")
+    print(f"plain pytest -n 2: {plain_s:.1f} s, exit {plain_rc}, {plain_tests} tests; "
+          f"serial pytest: {serial_s:.1f} s, exit {serial_rc}, {ran_tests(serial_out)} tests")  # fmt: skip
 
     results = {}
     for name, extra in (("cupy_sweep_neighbors", ["--neighbors", "2"]), ("cupy_sweep_plain", [])):
@@ -118,8 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     for check, ok in checks.items():
         print(f"{'ok  ' if ok else 'FAIL'} {check}")
-    print(f"ratio sweep --neighbors 2 / plain pytest: {swept_s / plain_s:.1f} "
-          f"({swept_s:.1f} s / {plain_s:.1f} s)")  # fmt: skip
+    print(f"ratio sweep --neighbors 2 / plain pytest -n 2: {swept_s / plain_s:.1f} "
+          f"({swept_s:.1f} s / {plain_s:.1f} s; serial pytest {serial_s:.1f} s: "
+          f"{swept_s / serial_s:.1f}x)")  # fmt: skip
     return 0 if all(checks.values()) else 1
 
 

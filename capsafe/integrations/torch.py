@@ -63,9 +63,15 @@ def _torch() -> Any:
     return importlib.import_module("torch")
 
 
+_MODES = {mode.value: mode for mode in CaptureMode}  # torch's names are capsafe's
+
+
 def _mode(args: tuple[Any, ...], kwargs: dict[str, Any]) -> CaptureMode:
     """The capsafe mode of `capture_begin(pool=None, capture_error_mode="global", ...)`."""
     value = kwargs.get("capture_error_mode", args[1] if len(args) > 1 else "global")
+    found = _MODES.get(value) if isinstance(value, str) else None
+    if found is not None:
+        return found
     try:
         return CaptureMode.parse(value)
     except UsageError:

@@ -6,11 +6,16 @@ no other thread (it may hold a lock the child then waits on forever, the allocat
 or the import lock), and no CUDA context (a context does not survive fork; the child
 sees dead handles). Each check answers with the reason the report quotes, or None.
 
-The CUDA check never initialises CUDA itself, so it looks only at traces an
+The CUDA check never initialises CUDA itself, so it looks only at what an
 initialisation leaves, and is conservative where it cannot know:
 
-- a file descriptor open on a /dev/nvidia* device: `cuInit` opens /dev/nvidiactl (and
-  the UVM device), whatever framework called it; loading libcuda alone opens none;
+- the CUDA driver library loaded and initialised: where libcuda is mapped into this
+  process, `cuDeviceGetCount` through it answers CUDA_ERROR_NOT_INITIALIZED until some
+  library called `cuInit` (the query initialises nothing). A descriptor open on a
+  /dev/nvidia* device alone is not refused: NVML opens the same devices (torch's
+  fork-safe availability check, PYTORCH_NVML_BASED_CUDA_CHECK=1, does), and a child
+  forked after it uses CUDA as a fresh process does (measured on the H200, see
+  docs/harness.md). Where libcuda cannot be asked, an open device refuses;
 - capsafe's facade holding a CUDA backend (it called `cuInit`), or capsafe devices
   made before the fork (they refuse to work in a child, `ForkedProcessError`, even
   on the simulated backend, where a fresh process would have made its own);
@@ -20,7 +25,7 @@ Native threads cannot be named; those of a loaded OpenBLAS's pool are allowed (s
 `_openblas_workers`), any beyond its size refuse.
 
 CuPy and cuda.core have no such query; an initialisation of theirs is seen by the
-device-file check. Where /proc is missing (not Linux), the device-file and native-thread
+driver's own answer. Where /proc is missing (not Linux), the driver and native-thread
 checks cannot be made and the answer is a refusal: the server falls back.
 """
 
@@ -36,6 +41,8 @@ __all__ = ["cuda_in_use", "fork_refusal", "other_threads"]
 
 PROC_SELF = Path("/proc/self")
 NVIDIA_DEVICES = "/dev/nvidia"
+CUDA_DRIVER = "libcuda.so"  # the driver API library, whatever its version suffix
+CUDA_ERROR_NOT_INITIALIZED = 3
 OPENBLAS_PREFIXES = ("", "scipy_")  # OpenBLAS's own build, and numpy's and SciPy's wheels
 
 
@@ -89,9 +96,9 @@ def _openblas_workers() -> int:
 
 def cuda_in_use() -> str | None:
     """Why CUDA state exists (or may exist) in this process, None when none does."""
-    device = _open_nvidia_device()
-    if device:
-        return f"CUDA is initialised in this process ({device} is open)"
+    driver = _initialised_driver()
+    if driver:
+        return driver
     capsafe = _capsafe_state()
     if capsafe:
         return capsafe
@@ -101,6 +108,42 @@ def cuda_in_use() -> str | None:
     if callable(is_initialized) and is_initialized():
         return "CUDA is initialised in this process (torch.cuda.is_initialized())"
     return None
+
+
+def _initialised_driver() -> str | None:
+    """Why `cuInit` ran (or may have run) here: a loaded libcuda that says so, or, where no
+    loaded libcuda can be asked, a /dev/nvidia* descriptor; None when neither."""
+    initialised = "CUDA is initialised in this process"
+    try:
+        maps = (PROC_SELF / "maps").read_text()
+    except OSError:
+        return "CUDA may be initialised in this process (no /proc/self/maps to look at)"
+    libraries = sorted({line.split()[-1] for line in maps.splitlines()
+                        if CUDA_DRIVER in line.rsplit("/", 1)[-1]})  # fmt: skip
+    asked = False
+    for path in libraries:
+        answer = _driver_answer(path)
+        if answer is None:
+            continue
+        asked = True
+        if answer != CUDA_ERROR_NOT_INITIALIZED:
+            return f"{initialised} ({path} answers cuDeviceGetCount with {answer})"
+    if asked or not libraries:
+        return None  # no driver loaded, or every loaded one uninitialised: devices are NVML's
+    device = _open_nvidia_device()
+    return f"{initialised} ({device} is open)" if device else None
+
+
+def _driver_answer(path: str) -> int | None:
+    """`cuDeviceGetCount`'s status from the already loaded driver at `path` (it loads
+    nothing new), None when it cannot be asked."""
+    try:
+        library = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        query = library.cuDeviceGetCount
+    except (OSError, AttributeError):
+        return None
+    count = ctypes.c_int(0)
+    return int(query(ctypes.byref(count)))
 
 
 def _open_nvidia_device() -> str | None:

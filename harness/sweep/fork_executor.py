@@ -8,7 +8,8 @@ suite runs, anything with xdist workers) and every replay the servers refuse run
 fresh processes, exactly as in `LocalExecutor`.
 
 The launch is the same either way: its command line is split into the options a job
-sets for itself (records directory, run id, replay list, seed, neighbour threads) and
+sets for itself (records directory, run id, replay list, seed, neighbour threads,
+integrations to install) and
 the rest, and the rest, with the suite's own targets in place of the replay's files, is the server's
 command line. One server runs per distinct rest, working directory and environment
 (so one per pinned GPU: CUDA_VISIBLE_DEVICES is in the environment), started on
@@ -28,7 +29,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..plugin import order
+from ..plugin import order, protect
 from .executor import SWEEP_TMP_ENV, Chunk, Launch, LocalExecutor, WatchedProcess
 from .fork_client import ForkedJob, ForkServer, Refused
 from .fork_server import JOB_OPTIONS, Job
@@ -51,6 +52,7 @@ class Replay:
     seed: int | None
     neighbors: int = 0
     neighbor_calls: str | None = None
+    protect: str | None = None
 
 
 def split_replay(cmd: Sequence[str]) -> Replay | None:
@@ -82,6 +84,7 @@ def split_replay(cmd: Sequence[str]) -> Replay | None:
         seed=None if seed is None else int(seed),
         neighbors=int(job.get("--capsafe-neighbors", "0")),
         neighbor_calls=job.get("--capsafe-neighbor-calls"),
+        protect=job.get(protect.OPTION),
     )
 
 
@@ -117,6 +120,7 @@ class ForkedProcess(WatchedProcess):
             replay_file=self.replay.replay_file,
             neighbors=self.replay.neighbors,
             neighbor_calls=self.replay.neighbor_calls,
+            protect=self.replay.protect,
             argv=tuple(self.cmd[len(PYTEST) + 1 :]),  # a fresh `python -m pytest ARGS`'s
         )
         try:

@@ -25,7 +25,10 @@ child shares the server's hash seed (PYTHONHASHSEED); the child runs the atexit
 handlers registered after the fork only (those of import time stay the server's); the
 objects alive after collection are frozen (`gc.freeze`, after one collection in the
 server), so a child's garbage collections skip them: pytest collects five times at
-session end, which in a child would otherwise walk, and so copy, the whole heap.
+session end, which in a child would otherwise walk, and so copy, the whole heap;
+during import and collection the server has PYTORCH_NVML_BASED_CUDA_CHECK=1 (unless the
+caller set it), so torch answers `is_available()` at import without `cuInit`, which
+would leave nothing to fork (SERVER_ENV; the child's environment is the caller's again).
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from typing import Any
 
 import pytest
 
-from ..plugin import PLUGIN_NAME, CapsafeRun, _resolve, neighbor_run, phase_times
+from ..plugin import PLUGIN_NAME, CapsafeRun, _resolve, neighbor_run, phase_times, protect
 from .fork_checks import fork_refusal
 
 __all__ = ["FDS_ENV", "JOB_OPTIONS", "MODULE", "Job", "main"]
@@ -61,13 +64,23 @@ JOB_OPTIONS = (
     "--capsafe-seed",
     "--capsafe-neighbors",
     "--capsafe-neighbor-calls",
+    protect.OPTION,
 )
 """The options a job sets for itself; the server's command line carries none of them.
 Neighbour threads are the job's: they start after collection, so in the server they would
-be alive at every fork (and would have initialised CUDA there)."""
+be alive at every fork (and would have initialised CUDA there). So are the integrations of
+`--capsafe-protect`: installing one makes capsafe's driver (`cuInit` on a GPU), so a
+child installs its own at its session start, after collection where a fresh process
+installs them before; a name a test module bound at import (`from torch.cuda import
+synchronize`) then keeps the framework's original, so a forked protected run gates
+no more than a fresh one does (docs/harness.md)."""
 SERVER_RUN_ID = "fork-server"
+SERVER_ENV = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+"""Set in the server only (a child gets the environment a fresh process has): torch's
+`cuda.is_available()`, which suites call at import (skip marks), then asks NVML instead of
+calling `cuInit`, which no process may fork after. The answer is the same."""
 POLL_S = 0.02
-JOB_PLUGINS = (PLUGIN_NAME, phase_times.PLUGIN_NAME, neighbor_run.PLUGIN_NAME)
+JOB_PLUGINS = (PLUGIN_NAME, phase_times.PLUGIN_NAME, neighbor_run.PLUGIN_NAME, protect.PLUGIN_NAME)
 """The capsafe plugins that hold per-process state (records file, marks, neighbours):
 replaced in each child by ones made for its job."""
 
@@ -86,6 +99,7 @@ class Job:
     replay_file: str | None = None  # shown in the plugin's header only
     neighbors: int = 0  # --capsafe-neighbors: threads started in the child after collection
     neighbor_calls: str | None = None  # --capsafe-neighbor-calls
+    protect: str | None = None  # --capsafe-protect: integrations installed in the child
     argv: tuple[str, ...] = ()  # sys.argv[1:] of the fresh process it stands for
 
     def to_json(self) -> str:
@@ -102,8 +116,9 @@ class Job:
 class Server:
     """The pytest plugin that turns the run loop into the job loop (see the module doc)."""
 
-    def __init__(self, jobs: int, results: int) -> None:
+    def __init__(self, jobs: int, results: int, added_env: Sequence[str] = ()) -> None:
         self.jobs, self.results = jobs, results
+        self.added_env = tuple(added_env)  # SERVER_ENV names the server set: a child drops them
         self.pid = os.getpid()
         self.job: Job | None = None  # set in a child: the job it runs
         self.answered = False  # said "ready" or "refused"
@@ -135,6 +150,8 @@ class Server:
         job = self._serve()
         if job is None:
             return True  # the server's own session ends: no test ran in it
+        for name in self.added_env:
+            os.environ.pop(name, None)
         _become(session, job)
         return None  # pytest's own run loop runs the job's items, here in the child
 
@@ -229,10 +246,12 @@ def _become(session: pytest.Session, job: Job) -> None:
     option.capsafe_seed = None if job.seed is None else str(job.seed)
     option.capsafe_replay = None
     option.capsafe_neighbors, option.capsafe_neighbor_calls = job.neighbors, job.neighbor_calls
+    option.capsafe_protect = job.protect
     settings = replace(
         _resolve(config), replay=job.nodeids, replay_file=job.replay_file, shuffle="none"
     )
     before = set(manager.get_plugins())
+    protect.configure(config)  # installs at the session start called below
     manager.register(CapsafeRun(config, settings), PLUGIN_NAME)
     others = [p for p in manager.get_plugins() if p in before]
     # What a fresh process's new plugins would have seen before its run loop.
@@ -300,7 +319,9 @@ def server_args(records: Path, args: Sequence[str]) -> list[str]:
 
 def main(argv: Sequence[str]) -> int:
     jobs, results = (int(fd) for fd in os.environ.pop(FDS_ENV).split(","))
-    server = Server(jobs, results)
+    added = [name for name in SERVER_ENV if name not in os.environ]
+    os.environ.update({name: SERVER_ENV[name] for name in added})
+    server = Server(jobs, results, added)
     code = int(pytest.main(list(argv), plugins=[server]))
     if server.in_child:  # the job's pytest session is over: exit as its process would
         for stream in (sys.stdout, sys.stderr):

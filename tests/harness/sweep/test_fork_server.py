@@ -39,9 +39,6 @@ QUIET = ("-p", "no:run-parallel", "-p", "no:hypothesispytest")
 #: driver.raw()): the server refuses them, since a child's capsafe would get a new driver.
 MADE_DRIVER = "capsafe's driver (sim backend) was made at import or collection"
 REFUSED = {"cuda_core_capture": MADE_DRIVER}
-#: ... and those whose protected reruns (--capsafe-protect installs an integration over the
-#: driver at configure time) are refused for that reason in a whole sweep.
-PROTECTED = {"capture", "capture_library_error", "capture_polluter", "capture_leak"}
 TIMEOUT = 3.0  # pytest-timeout in the replays: the hang suite's test waits this long
 
 
@@ -137,9 +134,7 @@ def test_a_sweep_with_the_fork_server_gives_the_summary_a_fresh_one_does(
     if name in REFUSED:
         assert notes[0].startswith("fork server: 0 replay(s) forked")
         assert notes[1:] and all(REFUSED[name] in n for n in notes[1:])
-    elif name in PROTECTED:  # the protected reruns' server refuses; the rest fork
-        assert [MADE_DRIVER in n for n in notes[1:]] == [True], notes
-    else:
+    else:  # protected reruns too: their integrations install in the child (JOB_OPTIONS)
         assert len(notes) == 1 and notes[0].endswith(", 0 run fresh")  # no refusal, no fallback
 
 
@@ -274,13 +269,85 @@ def test_each_child_draws_its_own_random_numbers(tmp_path: Path) -> None:
 
 
 @pytest.mark.cuda
-def test_a_collection_that_initialises_cuda_refuses_by_the_open_device(tmp_path: Path) -> None:
-    """cuInit from any library (here the driver itself, through ctypes) opens /dev/nvidia*."""
+def test_a_collection_that_initialises_cuda_refuses_by_the_drivers_answer(tmp_path: Path) -> None:
+    """cuInit from any library (here the driver itself, through ctypes): the loaded
+    libcuda answers cuDeviceGetCount with success from then on."""
     conftest = "import ctypes\nassert ctypes.CDLL('libcuda.so.1').cuInit(0) == 0\n"
     suite = write_suite(tmp_path / "suite", {**POLLUTED, "conftest.py": conftest})
     with pytest.raises(Refused) as refused:
         start(suite, tmp_path).close()
-    assert refused.value.reason.startswith("CUDA is initialised in this process (/dev/nvidia")
+    assert refused.value.reason.startswith("CUDA is initialised in this process (")
+    assert (
+        "libcuda.so" in refused.value.reason and "cuDeviceGetCount with 0" in refused.value.reason
+    )
+
+
+@pytest.mark.cuda
+def test_torch_asked_at_import_whether_cuda_is_available_still_forks(tmp_path: Path) -> None:
+    """PyTorch suites call `torch.cuda.is_available()` at import (module-level skips); in a
+    fresh process that calls cuInit, after which no child could use CUDA. The server asks
+    it through NVML (SERVER_ENV), so it forks, each child uses the GPU, and a child's
+    environment is the caller's again (measured on the H200: 17 of 17 torch replays ran
+    fresh before)."""
+    pytest.importorskip("torch")
+    test = (
+        "import os\nimport torch\nassert torch.cuda.is_available()\n"
+        "def test_gpu():\n"
+        "    assert float(torch.ones(4, device='cuda').sum()) == 4\n"
+        "    assert 'PYTORCH_NVML_BASED_CUDA_CHECK' not in os.environ\n"
+    )
+    suite = write_suite(tmp_path / "suite", {"test_torch.py": test})
+    env = {k: v for k, v in os.environ.items() if k != "PYTORCH_NVML_BASED_CUDA_CHECK"}
+    server = start(suite, tmp_path, env)
+    try:
+        codes = [server.submit(job(tmp_path, f"t{k}", ["test_torch.py::test_gpu"])).wait(300)
+                 for k in range(2)]  # fmt: skip
+    finally:
+        server.close()
+    assert codes == [0, 0]
+
+
+def fake_proc(tmp_path: Path, maps: str, devices: Sequence[str]) -> Path:
+    """A /proc/self stand-in: `maps`, and descriptors linked to `devices`."""
+    proc = tmp_path / "proc"
+    (proc / "fd").mkdir(parents=True)
+    (proc / "maps").write_text(maps)
+    for fd, device in enumerate(devices, start=3):
+        (proc / "fd" / str(fd)).symlink_to(device)
+    return proc
+
+
+def test_nvidia_devices_open_without_a_loaded_driver_are_nvmls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NVML (torch's fork-safe availability check) opens /dev/nvidia* without libcuda: a
+    child forked after it uses CUDA as a fresh process does (measured on the H200)."""
+    proc = fake_proc(tmp_path, "7f00-7f01 r-xp 0 0:0 0 /usr/lib/libnvidia-ml.so.1\n",
+                     ["/dev/nvidiactl", "/dev/nvidia-uvm"])  # fmt: skip
+    monkeypatch.setattr(fork_checks, "PROC_SELF", proc)
+    assert fork_checks.cuda_in_use() is None
+
+
+def test_a_driver_that_cannot_be_asked_leaves_the_open_device_to_decide(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """libcuda in the maps but not loadable here (RTLD_NOLOAD finds nothing): conservative."""
+    maps = "7f00-7f01 r-xp 0 0:0 0 /nonexistent/libcuda.so.1\n"
+    monkeypatch.setattr(fork_checks, "PROC_SELF", fake_proc(tmp_path, maps, ["/dev/nvidiactl"]))
+    assert (
+        fork_checks.cuda_in_use() == "CUDA is initialised in this process (/dev/nvidiactl is open)"
+    )
+    monkeypatch.setattr(fork_checks, "PROC_SELF", fake_proc(tmp_path / "b", maps, []))
+    assert fork_checks.cuda_in_use() is None
+
+
+def test_without_maps_to_read_the_check_refuses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fork_checks, "PROC_SELF", tmp_path / "missing")
+    assert fork_checks.cuda_in_use() == (
+        "CUDA may be initialised in this process (no /proc/self/maps to look at)"
+    )
 
 
 @pytest.mark.cuda
