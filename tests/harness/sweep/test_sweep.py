@@ -70,6 +70,7 @@ def test_all_passing_suite_exits_0_and_writes_every_report(tmp_path: Path) -> No
     assert summary["counts"]["pass"] == 5 and summary["searches"] == []
     assert set(summary) >= {"runs", "workers", "seeds", "backend", "duration_s", "tests",
                             "counts", "searches"}  # fmt: skip
+    assert summary["backend"].startswith(("sim (", "cuda (")), summary["backend"]  # not "auto"
     assert set(summary["tests"][0]) == {
         "nodeid", "classification", "runs", "failures", "flake_rate", "flake_rate_ci",
         "isolation_runs", "isolation_failures", "polluters", "state_setters", "signals", "replay",
