@@ -57,6 +57,7 @@ __all__ = [
     "last_line",
     "run_directory",
     "suite_root",
+    "usage_error_line",
 ]
 
 PYTEST_COUNTS = re.compile(r"^=*\s*(\d+ \w+(, )?)+ in [\d.]+s\b|^=*\s*no tests ran in")
@@ -261,7 +262,7 @@ class Runner:
             )  # fmt: skip
         collected = read_collected(found)
         if collected is None:
-            detail = last_line(log) or f"see {log}"
+            detail = usage_error_line(log) or f"see {log}"
             raise SweepError(f"pytest could not collect the suite (exit {done.returncode}): "
                              f"{detail}")  # fmt: skip
         self.pin(collected)
@@ -351,6 +352,30 @@ def _lost_in(sequence: Sequence[str], rows: Sequence[Record]) -> tuple[fold.Kill
         if nodeid not in seen:
             return (fold.Killed(nodeid, "", index=index, at=time.time()),)
     return ()
+
+
+def usage_error_line(log: Path) -> str:
+    """What pytest said when it refused to start (exit 4): its `error:` line, not the
+    rootdir/inifile lines it prints after it; a hint when what it refused is xdist's -n
+    (the suite's ini or arguments load pytest without xdist: sweep with --workers 0)."""
+    try:
+        lines = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    argparse_errors = [m.group(1) for m in map(_ARGPARSE_ERROR.match, lines) if m]
+    errors = argparse_errors or [line[len("ERROR: ") :] for line in lines
+                                 if line.startswith("ERROR: ")]  # fmt: skip
+    if not errors:
+        return last_line(log)
+    line = errors[-1].strip()
+    if _XDIST_REFUSED.search(line):
+        line += (" (pytest runs here without xdist, e.g. `-p no:xdist` in the suite's addopts: "
+                 "sweep with --workers 0)")  # fmt: skip
+    return line
+
+
+_ARGPARSE_ERROR = re.compile(r"^\S+: error: (.+)$")
+_XDIST_REFUSED = re.compile(r"unrecognized arguments:.*(^|\s)(-n|--numprocesses|--dist)(=|\s|$)")
 
 
 def last_line(log: Path, *, past_counts: bool = False) -> str:

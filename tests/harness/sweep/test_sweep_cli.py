@@ -145,3 +145,19 @@ def test_ctrl_c_outside_the_phases_is_one_line_and_exit_130(
     monkeypatch.setattr(run, "run_sweep", interrupted)
     assert main(["sweep", str(suite), "--out", str(suite / "o"), "--no-progress"]) == 130
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("capsafe sweep: interrupted")
+
+
+def test_an_ini_without_xdist_names_pytests_error_and_workers_0(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """pytest's exit 4 printed its error, then `inifile:` and `rootdir:` lines; the sweep
+    reported the last one ("exit 4: rootdir: ..."), the cause only in the raw log."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\naddopts = -p no:xdist\n")
+    (tmp_path / "test_x.py").write_text("def test_x():\n    pass\n")
+    argv = ["sweep", str(tmp_path), "--runs", "1", "--workers", "2", "--seed", "1",
+            "--out", str(tmp_path / "out"), "--no-progress"]  # fmt: skip
+    assert main(argv) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("capsafe sweep: pytest could not run the suite (exit 4): "
+                           "unrecognized arguments: -n")  # fmt: skip
+    assert "sweep with --workers 0" in last
