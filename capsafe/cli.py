@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _unavailable(name: str, exc: ImportError) -> Callable[[argparse.Namespace], int]:
     def run(_args: argparse.Namespace) -> int:
         print(
-            f"capsafe {name}: unavailable ({exc}); install the extras: pip install 'capsafe[dev]'",
+            f"capsafe {name}: unavailable ({exc}); install capsafe with its extras: "
+            "pip install -e '.[dev]' in a capsafe checkout",
             file=sys.stderr,
         )
         return EXIT_USAGE
