@@ -29,6 +29,7 @@ import contextlib
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import threading
@@ -239,12 +240,29 @@ class Runner:
         return (self.options.gpus[k % len(self.options.gpus)],)
 
     def replay_command(self, replay_file: Path, nodeids: Sequence[str]) -> str:
-        """A shell line a person can paste to see the failure again."""
+        """A shell line a person can paste, from where `capsafe sweep` ran, to see the
+        failure again: paths relative to there (--rootdir and --config-file stay: a replay
+        collects single files, where pytest could find another ini), and `python` when that
+        is this interpreter."""
         cmd = self.pytest_command(
             self.replay_targets(nodeids), None, None, seed=None, workers=0,
-            replay_file=replay_file,
+            replay_file=Path(os.path.relpath(replay_file, self.cwd)),
         )  # fmt: skip
-        return f"cd {shlex.quote(str(self.cwd))} && {shlex.join(cmd)}"
+        on_path = shutil.which("python")
+        here_bin = Path(sys.executable).absolute().parent  # python3, python3.11: one venv
+        if (
+            on_path
+            and Path(on_path).absolute().parent == here_bin
+            and os.path.samefile(on_path, sys.executable)
+        ):
+            cmd[0] = "python"
+        for k, arg in enumerate(cmd):
+            flag, eq, value = arg.partition("=")
+            if eq and flag in ("--rootdir", "--config-file"):
+                cmd[k] = f"{flag}={os.path.relpath(value, self.cwd)}"
+        here = self.options.invoked_from or Path.cwd()
+        where = os.path.relpath(self.cwd, here)
+        return shlex.join(cmd) if where == "." else f"cd {shlex.quote(where)} && {shlex.join(cmd)}"
 
     # -- collection -----------------------------------------------------------
     def collect(self) -> Collected:

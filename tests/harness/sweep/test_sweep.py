@@ -121,8 +121,9 @@ def test_defects_are_classified_and_the_replay_reproduces(tmp_path: Path) -> Non
     crash = tests["test_defects.py::test_crash"]
     assert crash["classification"] == "fail" and "crash" in crash["signals"]
     # The recorded command replays polluter then victim and shows the failure again.
-    again = subprocess.run(victim["replay"], shell=True, capture_output=True, text=True,
-                           timeout=240)  # fmt: skip
+    again = subprocess.run(
+        victim["replay"], shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=240
+    )  # fmt: skip (relative to where it ran)
     assert again.returncode == 1, again.stdout
     assert "polluted" in again.stdout
 
