@@ -62,7 +62,10 @@ def unavailable_reason() -> str | None:
     try:
         drv = _driver_module()
     except Exception:
-        return "cuda-bindings is not installed (pip install 'capsafe[cuda]')"
+        return (
+            "cuda-bindings is not installed (the cuda extra: pip install -e '.[cuda]' in a "
+            "capsafe checkout)"
+        )
     try:
         (err,) = drv.cuInit(0)
     except Exception:  # cuda.pathfinder's DynamicLibNotFoundError and kin
@@ -456,7 +459,7 @@ def _nvrtc() -> Any:
     except ImportError as exc:
         raise NvrtcUnavailable(
             f"NVRTC needs cuda-bindings and nvidia-cuda-nvrtc ({exc}); "
-            "install them with: pip install 'capsafe[cuda]'"
+            "install them with the cuda extra: pip install -e '.[cuda]' in a capsafe checkout"
         ) from exc
     return nvrtc
 

@@ -11,6 +11,7 @@ parsed namespace and returns an exit code.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from importlib.metadata import entry_points
@@ -19,6 +20,7 @@ from capsafe.config import SettingError, check_settings
 from capsafe.errors import CapsafeError
 
 EXIT_USAGE = 2
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for `yes | head -1`
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _unavailable(name: str, exc: ImportError) -> Callable[[argparse.Namespace], int]:
     def run(_args: argparse.Namespace) -> int:
         print(
-            f"capsafe {name}: unavailable ({exc}); install the extras: pip install 'capsafe[dev]'",
+            f"capsafe {name}: unavailable ({exc}); install capsafe with its extras: "
+            "pip install -e '.[dev]' in a capsafe checkout",
             file=sys.stderr,
         )
         return EXIT_USAGE
@@ -73,7 +76,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         check_settings()
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return code
+    except BrokenPipeError:
+        return _reader_gone()
     except SettingError as exc:
         print(setting_error_line(exc), file=sys.stderr)
         return EXIT_USAGE
@@ -83,6 +90,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"capsafe {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _reader_gone() -> int:
+    """stdout's reader left (`capsafe cache stats | head -1`): stop quietly, as a command
+    killed by SIGPIPE does (exit 128 + 13), instead of a BrokenPipeError traceback. stdout
+    is pointed at /dev/null so the interpreter's final flush cannot raise again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

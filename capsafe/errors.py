@@ -18,6 +18,10 @@ class UsageError(CapsafeError, ValueError):
     """The caller asked for something that cannot be: a bad name, ordinal or setting."""
 
 
+class FrameworkNotInstalled(CapsafeError, ImportError):
+    """An integration's `install()` without its framework (CuPy, cuda.core, PyTorch)."""
+
+
 class BackendUnavailable(CapsafeError, RuntimeError):
     """The requested driver backend cannot run on this machine (no driver, no device)."""
 

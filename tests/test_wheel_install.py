@@ -92,6 +92,14 @@ def test_the_wheel_installs_capsafe_names_only(wheel: Path) -> None:
         if "suites" not in module.relative_to(ROOT / directory).parts
     }
     assert not expected - installed, "modules missing from the wheel"
+    # PEP 561: mypy checks a project's calls into capsafe against capsafe's hints.
+    assert {f"{name}/py.typed" for name in tree.values()} <= installed
+    assert any(name.endswith(".dist-info/licenses/LICENSE") for name in installed)
+    templates = {
+        f"capsafe_harness/{t.relative_to(ROOT / 'harness').as_posix()}"
+        for t in (ROOT / "harness").rglob("templates/*")
+    }
+    assert templates and templates <= installed, "the report's templates are package data"
 
 
 def test_a_project_with_its_own_harness_and_repro_is_unchanged(wheel: Path, tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from typing import Generic, Protocol, TypeVar
 
 from capsafe import driver as _driver
 from capsafe.backend import Backend
-from capsafe.errors import UsageError
+from capsafe.errors import FrameworkNotInstalled, UsageError
 
 from ._capture_windows import Windows
 
@@ -49,7 +49,14 @@ class Installer(Generic[InstallationT]):
         with self._lock:
             if self.current is not None:
                 return False
-            self.current = self.hook(driver if driver is not None else _driver.get())
+            try:
+                self.current = self.hook(driver if driver is not None else _driver.get())
+            except ModuleNotFoundError as exc:
+                raise FrameworkNotInstalled(
+                    f"capsafe.integrations.{self.name}.install(): {exc.name or exc} is not "
+                    f"installed in this environment ({exc}); install it, or leave the "
+                    f"{self.name} integration out"
+                ) from None
             return True
 
     def uninstall(self) -> bool:

@@ -398,6 +398,7 @@ class CapsafeRun:
                 shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
                 raise pytest.UsageError(
                     f"--capsafe-replay: {len(missing)} listed test(s) were not collected: {shown}"
+                    + _spaced_replay_hint(config)
                 )
             keep = {id(item) for item in chosen}
             dropped = [item for item in items if id(item) not in keep]
@@ -576,3 +577,21 @@ class CapsafeRun:
                 records_path(records, self.settings.run_id, CONTROLLER, os.getpid())
             )
         self.writer.write(row)
+
+
+def _spaced_replay_hint(config: pytest.Config) -> str:
+    """Why listed ids went missing when the file was given as `--capsafe-replay FILE`.
+
+    pytest picks its rootdir and ini before it loads plugins, so at that point it does not
+    know the option and takes FILE for a test path: a FILE outside the project moves the
+    rootdir (every node id gains a prefix, the project's ini is not read). `=` keeps the
+    option and its value one word. A limit of pytest's, so the message names the fix.
+    """
+    args = [str(arg) for arg in config.invocation_params.args]
+    if "--capsafe-replay" not in args:
+        return ""
+    return (
+        f"; pytest chose rootdir {config.rootpath} taking the file after a space for a test "
+        f"path (it reads its ini before capsafe's options): write "
+        f"--capsafe-replay={config.option.capsafe_replay}"
+    )

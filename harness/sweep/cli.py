@@ -8,6 +8,7 @@ list), so the sweep's parser splits them off before parsing.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib.util
 import math
 import os
@@ -16,6 +17,7 @@ import sys
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from ..plugin import gpus
 from ..report import placement
@@ -51,8 +53,18 @@ def _epilog() -> str:
     return EPILOG.format(k=VERIFY_TIMES, classes=classes, interrupted=termination.EXIT_CODE_HELP)
 
 
+class _SweepHelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's usage line, ending in the `-- PYTEST_ARGS` that _SweepParser splits off."""
+
+    def _format_usage(self, *args: Any, **kwargs: Any) -> str:
+        usage = super()._format_usage(*args, **kwargs)
+        body = usage.rstrip("\n")
+        return f"{body} [-- PYTEST_ARGS ...]" + usage[len(body) :]
+
+
 class _SweepParser(argparse.ArgumentParser):
-    """Splits everything after the first `--` into `pytest_args`."""
+    """Splits everything after the first `--` into `pytest_args`, and answers an unknown
+    option itself: handed back to the top-level parser, it printed `capsafe`'s usage."""
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
@@ -63,8 +75,23 @@ class _SweepParser(argparse.ArgumentParser):
             cut = given.index("--")
             given, passthrough = given[:cut], given[cut + 1 :]
         parsed, unknown = super().parse_known_args(given, namespace)
+        if unknown:
+            self.error(_unrecognized(self, unknown))
         parsed.pytest_args = passthrough
         return parsed, unknown
+
+
+def _unrecognized(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
+    """argparse's message, with the closest option when one is near (`--run` -> `--runs`)."""
+    message = f"unrecognized arguments: {' '.join(unknown)}"
+    first = unknown[0].split("=", 1)[0]
+    known = [o for action in parser._actions for o in action.option_strings]
+    close = difflib.get_close_matches(first, known, n=1) if first.startswith("-") else []
+    if close:
+        message += f" (did you mean {close[0]}?)"
+    if not first.startswith("-"):
+        message += " (options for pytest go after --)"
+    return message
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -79,7 +106,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "beside it)."
         ),
         epilog=_epilog(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_SweepHelpFormatter,
     )
     parser.__class__ = _SweepParser  # add_parser takes no parser class of its own
     parser.add_argument(
@@ -218,7 +245,7 @@ def options_from(args: argparse.Namespace) -> SweepOptions:
     for raw in args.paths:
         path = Path(raw).expanduser()
         if not path.exists():
-            raise SweepError(f"no such file or directory: {raw}")
+            raise SweepError(_missing_path(raw))
         paths.append(path.resolve())
     for name, value, low in (
         ("--runs", args.runs, 1),
@@ -232,14 +259,17 @@ def options_from(args: argparse.Namespace) -> SweepOptions:
     if not 0 < args.timeout < math.inf:
         raise SweepError(f"--timeout must be positive and finite, got {args.timeout:g}")
     budget, baseline = verdict_options(args)
-    for needed, module, package, why in (
-        (args.workers > 0, "xdist", "pytest-xdist", "--workers > 0; or use --workers 0"),
-        (args.threads > 1, "pytest_run_parallel", "pytest-run-parallel", "--threads > 1"),
-        (True, "pytest_timeout", "pytest-timeout", "per-test timeouts"),
-    ):
+    for needed, module, package, why, extra in (
+        (args.workers > 0, "xdist", "pytest-xdist", "--workers > 0; or use --workers 0",
+         "harness"),
+        (args.threads > 1, "pytest_run_parallel", "pytest-run-parallel", "--threads > 1",
+         "threads"),
+        (True, "pytest_timeout", "pytest-timeout", "per-test timeouts", "harness"),
+    ):  # fmt: skip
         if needed and importlib.util.find_spec(module) is None:
             raise SweepError(
-                f"{package} is not installed (needed for {why}): pip install 'capsafe[harness]'"
+                f"{package} is not installed (needed for {why}): install capsafe's "
+                f"{extra} extra (pip install -e '.[{extra}]' in a checkout)"
             )
     out = args.out if args.out is not None else _default_out()
     if out.exists() and not out.is_dir():
@@ -332,6 +362,17 @@ def verdict_options(args: argparse.Namespace) -> tuple[float | None, frozenset[s
     except (OSError, UnicodeDecodeError) as exc:
         reason = state.describe_error(exc)
         raise SweepError(f"cannot read --baseline {args.baseline}: {reason}") from None
+
+
+def _missing_path(raw: str) -> str:
+    """The reason a PATH argument does not exist; a node id (`file.py::test`) is told so."""
+    file, sep, name = raw.partition("::")
+    if sep and Path(file).expanduser().is_file():
+        return (
+            f"{raw} is a test id; the sweep takes files and directories (give {file}, "
+            f"and -- -k {name.split('[')[0].split('::')[-1]} to select within it)"
+        )
+    return f"no such file or directory: {raw}"
 
 
 def _default_out() -> Path:

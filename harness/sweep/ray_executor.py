@@ -42,7 +42,7 @@ STREAM_EVERY_S = 0.0  # a task sends what its process wrote at every watchdog po
 # what a lost node wrote in its last poll is lost with it
 CANCEL_WAIT_S = 10.0  # how long a Ctrl-C waits for cancelled tasks to kill their process
 CONNECT_TIMEOUT_S = 5.0
-NOT_INSTALLED = "--executor ray needs the ray extra: pip install 'capsafe[ray]'"
+NOT_INSTALLED = "--executor ray needs the ray extra: pip install -e '.[ray]' in a capsafe checkout"
 _NOT_FORWARDED = (VISIBLE,)  # the node's own value wins (Ray sets it for a GPU task)
 
 

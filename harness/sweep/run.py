@@ -24,7 +24,6 @@ in place of the first phases and drives the rest.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import sys
 import time
@@ -44,7 +43,7 @@ from ..report.summary import Summary, TestVerdict
 from ..verdicts import catalogue, fold, stats
 from ..verdicts.catalogue import Verdict, why
 from ..verdicts.evidence import VERIFY_TIMES
-from . import capture_sweep, search, termination
+from . import backend_probe, capture_sweep, search, termination
 from .host import SweepHost
 from .isolation import Isolation
 from .options import SweepOptions
@@ -195,7 +194,7 @@ class Sweep:
         tests = self.verdicts(stopped=interrupted or bool(self.neighbors_problem))
         summary = Summary(
             runs=len(store.run_ids), workers=o.workers, seeds=store.seeds,
-            shuffles=store.shuffles, backend=requested_backend(),
+            shuffles=store.shuffles, backend=backend_probe.backend_in_tests(),
             duration_s=round(time.monotonic() - self.started, 3), tests=tests,
             counts={c: sum(t.classification == c for t in tests) for c in catalogue.CLASSES},
             searches=store.searches, notes=store.notes, ddmin_cap=search.DDMIN_CAP,
@@ -264,12 +263,6 @@ class Sweep:
                 states.append(Cell.NOT_RUN if a is None else _cell(a))
             grid[nodeid] = states
         return grid
-
-
-def requested_backend() -> str:
-    """CAPSAFE_BACKEND as the test processes inherit it (a suite's conftest may still pick
-    another, as the planted capture suite does)."""
-    return os.environ.get("CAPSAFE_BACKEND", "auto").strip().lower() or "auto"
 
 
 def _progress_bar(enabled: bool) -> Any:

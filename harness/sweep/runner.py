@@ -29,6 +29,7 @@ import contextlib
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import threading
@@ -57,6 +58,7 @@ __all__ = [
     "last_line",
     "run_directory",
     "suite_root",
+    "usage_error_line",
 ]
 
 PYTEST_COUNTS = re.compile(r"^=*\s*(\d+ \w+(, )?)+ in [\d.]+s\b|^=*\s*no tests ran in")
@@ -238,12 +240,29 @@ class Runner:
         return (self.options.gpus[k % len(self.options.gpus)],)
 
     def replay_command(self, replay_file: Path, nodeids: Sequence[str]) -> str:
-        """A shell line a person can paste to see the failure again."""
+        """A shell line a person can paste, from where `capsafe sweep` ran, to see the
+        failure again: paths relative to there (--rootdir and --config-file stay: a replay
+        collects single files, where pytest could find another ini), and `python` when that
+        is this interpreter."""
         cmd = self.pytest_command(
             self.replay_targets(nodeids), None, None, seed=None, workers=0,
-            replay_file=replay_file,
+            replay_file=Path(os.path.relpath(replay_file, self.cwd)),
         )  # fmt: skip
-        return f"cd {shlex.quote(str(self.cwd))} && {shlex.join(cmd)}"
+        on_path = shutil.which("python")
+        here_bin = Path(sys.executable).absolute().parent  # python3, python3.11: one venv
+        if (
+            on_path
+            and Path(on_path).absolute().parent == here_bin
+            and os.path.samefile(on_path, sys.executable)
+        ):
+            cmd[0] = "python"
+        for k, arg in enumerate(cmd):
+            flag, eq, value = arg.partition("=")
+            if eq and flag in ("--rootdir", "--config-file"):
+                cmd[k] = f"{flag}={os.path.relpath(value, self.cwd)}"
+        here = self.options.invoked_from or Path.cwd()
+        where = os.path.relpath(self.cwd, here)
+        return shlex.join(cmd) if where == "." else f"cd {shlex.quote(where)} && {shlex.join(cmd)}"
 
     # -- collection -----------------------------------------------------------
     def collect(self) -> Collected:
@@ -261,7 +280,7 @@ class Runner:
             )  # fmt: skip
         collected = read_collected(found)
         if collected is None:
-            detail = last_line(log) or f"see {log}"
+            detail = usage_error_line(log) or f"see {log}"
             raise SweepError(f"pytest could not collect the suite (exit {done.returncode}): "
                              f"{detail}")  # fmt: skip
         self.pin(collected)
@@ -351,6 +370,30 @@ def _lost_in(sequence: Sequence[str], rows: Sequence[Record]) -> tuple[fold.Kill
         if nodeid not in seen:
             return (fold.Killed(nodeid, "", index=index, at=time.time()),)
     return ()
+
+
+def usage_error_line(log: Path) -> str:
+    """What pytest said when it refused to start (exit 4): its `error:` line, not the
+    rootdir/inifile lines it prints after it; a hint when what it refused is xdist's -n
+    (the suite's ini or arguments load pytest without xdist: sweep with --workers 0)."""
+    try:
+        lines = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    argparse_errors = [m.group(1) for m in map(_ARGPARSE_ERROR.match, lines) if m]
+    errors = argparse_errors or [line[len("ERROR: ") :] for line in lines
+                                 if line.startswith("ERROR: ")]  # fmt: skip
+    if not errors:
+        return last_line(log)
+    line = errors[-1].strip()
+    if _XDIST_REFUSED.search(line):
+        line += (" (pytest runs here without xdist, e.g. `-p no:xdist` in the suite's addopts: "
+                 "sweep with --workers 0)")  # fmt: skip
+    return line
+
+
+_ARGPARSE_ERROR = re.compile(r"^\S+: error: (.+)$")
+_XDIST_REFUSED = re.compile(r"unrecognized arguments:.*(^|\s)(-n|--numprocesses|--dist)(=|\s|$)")
 
 
 def last_line(log: Path, *, past_counts: bool = False) -> str:

@@ -23,7 +23,7 @@ from ..verdicts import fold
 from . import capture_sweep
 from .host import SweepHost
 from .options import SweepError, SweepOptions
-from .runner import PYTEST_NO_RUN, Interrupted, ProcessResult, last_line
+from .runner import PYTEST_NO_RUN, Interrupted, ProcessResult, last_line, usage_error_line
 from .state import STATE_FILE, read_state
 from .store import EvidenceStore
 
@@ -200,7 +200,7 @@ class SuiteRuns:
     def _check_ran(self, result: ProcessResult) -> None:
         if result.rows or result.stalled:
             return
-        detail = last_line(result.log) or f"see {result.log}"
+        detail = usage_error_line(result.log) or f"see {result.log}"
         if result.returncode == 0:  # pytest ran tests, and capsafe's plugin saw none of them
             raise SweepError(f"pytest ran the suite (exit 0: {detail}) but capsafe's plugin "
                              "recorded no test: is it disabled (-p no:capsafe in the arguments "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import sys
 import threading
 import time
 import types
@@ -485,3 +486,23 @@ def test_stress_captures_on_many_threads_beside_pool_growth(
     assert not errors, errors
     assert captures == [25] * 4 and min(growths) > 0
     assert facade.gate.stats().open_captures == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "framework"), [("cupy", "cupy"), ("cuda_core", "cuda.core"), ("torch", "torch")]
+)
+def test_install_without_its_framework_is_one_capsafe_error(
+    name: str, framework: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was the import's raw ModuleNotFoundError; it is still an ImportError."""
+    from capsafe.errors import CapsafeError
+    from capsafe.integrations import module
+
+    for missing in (framework, f"{framework}.experimental"):
+        monkeypatch.setitem(sys.modules, missing, None)  # `import` raises ModuleNotFoundError
+    integration_module = module(name)
+    with pytest.raises(CapsafeError, match=rf"integrations\.{name}\.install\(\): .* not installed"):
+        integration_module.install(GatedDriver(SimBackend(), CaptureGate()))
+    assert not integration_module.is_installed()
+    with pytest.raises(ImportError):
+        integration_module.install(GatedDriver(SimBackend(), CaptureGate()))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -95,3 +97,18 @@ def test_usage_errors_exit_2_with_one_line(
         main(["cache", *argv])
     assert info.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("capsafe cache: error:")
+
+
+def test_stats_into_a_closed_pipe_exits_quietly(filled: Path) -> None:
+    """`capsafe cache stats | head -1`: the reader is gone before the output is written;
+    that printed a BrokenPipeError traceback."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "capsafe.cli", "cache", "stats", "--dir", str(filled)],
+            stdout=write, stderr=subprocess.PIPE, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (141, "")

@@ -183,6 +183,21 @@ def test_replay_refuses_unknown_ids_and_xdist(pytester: pytest.Pytester, tmp_pat
     result.stderr.fnmatch_lines(["*add -n 0*"])
 
 
+def test_replay_file_after_a_space_names_the_equals_form(
+    pytester: pytest.Pytester, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """pytest takes `--capsafe-replay FILE`'s FILE for a test path when choosing its rootdir
+    (before plugins load); a file outside the project moves it. The error says to use `=`."""
+    pytester.makepyfile(**THREE_MODULES)
+    replay = tmp_path_factory.mktemp("elsewhere") / "replay.txt"
+    replay.write_text("test_a.py::test_a[0]\n")
+    result = pytester.runpytest("-p", "no:xdist", "--capsafe-replay", str(replay))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*write --capsafe-replay={replay}*"])
+    result = pytester.runpytest("-p", "no:xdist", f"--capsafe-replay={replay}")
+    result.assert_outcomes(passed=1, deselected=11)
+
+
 def test_env_leak_is_recorded_only_when_not_restored(
     pytester: pytest.Pytester, tmp_path: Path
 ) -> None:

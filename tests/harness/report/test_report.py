@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, cast
@@ -18,6 +19,7 @@ from capsafe_harness.report.markdown import render_markdown
 from capsafe_harness.report.render import write_reports
 from capsafe_harness.report.shared import pairs, search_bound
 from capsafe_harness.report.summary import SearchRecord, Summary, TestVerdict
+from capsafe_harness.verdicts.catalogue import CLASSES
 
 SUITE = "/home/me/proj/tests"
 
@@ -426,5 +428,25 @@ def test_reports_give_the_sweeps_words_and_detection_chance_for_each_verdict(
     assert "Chance a sweep of 4 runs shows it: 94%" in md
     assert "beside t.py::other" in md
     page = render_html(summary([t]), {}, RUNS, [])
-    assert '<span class="muted">beside</span> <code>t.py::other</code>' in page
+    assert '<span class="muted">beside</span> <code class="t">t.py::<wbr>other</code>' in page
     assert '<div class="why">Chance a sweep of 4 runs shows it: 94%</div>' in page
+
+
+def test_html_at_a_glance_zero_classes_replay_and_names() -> None:
+    """The classes no test is in share one line (they took a card each, eight of nine
+    rows of zeros); the replay command is on the page, not folded; node ids wrap only
+    after `/` and `::`."""
+    t = entry("tests/unit/t.py::TestA::test_victim", "order-dependent", failures=1,
+              replay="python -m pytest --capsafe-replay=reports/x/replays/v.txt")  # fmt: skip
+    page = render_html(summary([t, entry("a.py::ok")]), {}, RUNS, [])
+    cards = re.findall(r'<div class="k">([^<]+)</div>', page)
+    assert sorted(cards) == ["order-dependent", "pass"]
+    zero = re.search(r'<p class="zero">(.*?)</p>', page)
+    assert zero is not None
+    assert re.findall(r'class="z"[^>]*>([^<]+)<', zero.group(1)) == [
+        c for c in CLASSES if c not in ("pass", "order-dependent")
+    ]
+    assert "<pre>python -m pytest --capsafe-replay=reports/x/replays/v.txt</pre>" in page
+    assert "<summary>replay</summary>" not in page
+    assert "tests/<wbr>unit/<wbr>t.py::<wbr>TestA::<wbr>test_victim" in page
+    assert "code.t{overflow-wrap:break-word;word-break:normal}" in page

@@ -82,7 +82,8 @@ def test_a_framework_that_is_not_installed_is_a_usage_error(
     result = run("--capsafe-protect=cupy")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert usage_error(result).startswith(
-        "ERROR: --capsafe-protect=cupy: cannot install (ModuleNotFoundError"
+        "ERROR: --capsafe-protect=cupy: cannot install (FrameworkNotInstalled: "
+        "capsafe.integrations.cupy.install(): cupy is not installed"
     )
 
 

@@ -74,7 +74,7 @@ def test_kills_its_worker_once():
 
 @pytest.fixture(scope="module")
 def ray_address() -> Iterator[str]:
-    ray = pytest.importorskip("ray", reason="needs the ray extra: pip install 'capsafe[ray]'")
+    ray = pytest.importorskip("ray", reason="needs the ray extra: pip install -e '.[ray]'")
     # two GPUs declared, none present: Ray hands them out (CUDA_VISIBLE_DEVICES) all the same
     ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
     try:

@@ -70,6 +70,7 @@ def test_all_passing_suite_exits_0_and_writes_every_report(tmp_path: Path) -> No
     assert summary["counts"]["pass"] == 5 and summary["searches"] == []
     assert set(summary) >= {"runs", "workers", "seeds", "backend", "duration_s", "tests",
                             "counts", "searches"}  # fmt: skip
+    assert summary["backend"].startswith(("sim (", "cuda (")), summary["backend"]  # not "auto"
     assert set(summary["tests"][0]) == {
         "nodeid", "classification", "runs", "failures", "flake_rate", "flake_rate_ci",
         "isolation_runs", "isolation_failures", "polluters", "state_setters", "signals", "replay",
@@ -120,8 +121,9 @@ def test_defects_are_classified_and_the_replay_reproduces(tmp_path: Path) -> Non
     crash = tests["test_defects.py::test_crash"]
     assert crash["classification"] == "fail" and "crash" in crash["signals"]
     # The recorded command replays polluter then victim and shows the failure again.
-    again = subprocess.run(victim["replay"], shell=True, capture_output=True, text=True,
-                           timeout=240)  # fmt: skip
+    again = subprocess.run(
+        victim["replay"], shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=240
+    )  # fmt: skip (relative to where it ran)
     assert again.returncode == 1, again.stdout
     assert "polluted" in again.stdout
 

@@ -67,11 +67,52 @@ def test_unknown_option_is_exit_2(suite: Path, capsys: pytest.CaptureFixture[str
     assert exc.value.code == 2
 
 
+def test_a_mistyped_option_prints_the_sweep_usage_and_the_near_option(
+    suite: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Handed back to the top-level parser, it printed `usage: capsafe [-h] ...`."""
+    with pytest.raises(SystemExit) as exc:
+        main(["sweep", str(suite), "--runz", "3"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: capsafe sweep ")
+    assert err.splitlines()[-1] == (
+        "capsafe sweep: error: unrecognized arguments: --runz 3 (did you mean --runs?)"
+    )
+
+
+def test_a_node_id_given_as_a_path_is_told_so(
+    suite: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["sweep", f"{suite}/test_x.py::test_x"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no such file" not in err
+    assert f"is a test id; the sweep takes files and directories (give {suite}/test_x.py" in err
+
+
+def test_missing_pytest_run_parallel_names_the_threads_extra(
+    suite: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "pytest_run_parallel" else real(name, *a),
+    )
+    assert main(["sweep", str(suite), "--threads", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "pytest-run-parallel is not installed" in err and "'.[threads]'" in err
+
+
 def test_help_explains_options_and_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["sweep", "--help"])
     assert exc.value.code == 0
     text = capsys.readouterr().out
+    usage = text.split("\n\n", 1)[0]
+    assert usage.startswith("usage: capsafe sweep ") and usage.endswith(
+        "[PATH ...] [-- PYTEST_ARGS ...]"
+    )
     for needle in ("--runs", "--workers", "--isolation-runs", "--neighbors", "--threads",
                    "--budget", "--baseline", "exit codes", "130", "order-dependent"):  # fmt: skip
         assert needle in text
@@ -104,3 +145,19 @@ def test_ctrl_c_outside_the_phases_is_one_line_and_exit_130(
     monkeypatch.setattr(run, "run_sweep", interrupted)
     assert main(["sweep", str(suite), "--out", str(suite / "o"), "--no-progress"]) == 130
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("capsafe sweep: interrupted")
+
+
+def test_an_ini_without_xdist_names_pytests_error_and_workers_0(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """pytest's exit 4 printed its error, then `inifile:` and `rootdir:` lines; the sweep
+    reported the last one ("exit 4: rootdir: ..."), the cause only in the raw log."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\naddopts = -p no:xdist\n")
+    (tmp_path / "test_x.py").write_text("def test_x():\n    pass\n")
+    argv = ["sweep", str(tmp_path), "--runs", "1", "--workers", "2", "--seed", "1",
+            "--out", str(tmp_path / "out"), "--no-progress"]  # fmt: skip
+    assert main(argv) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("capsafe sweep: pytest could not run the suite (exit 4): "
+                           "unrecognized arguments: -n")  # fmt: skip
+    assert "sweep with --workers 0" in last
