@@ -93,8 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     serial_s, serial_rc, serial_out = timed(pytest, suite, out / "cupy_plain_serial.log")
     plain_s, plain_rc, plain_out = timed([*pytest, "-n", "2"], suite, out / "cupy_plain.log")
     plain_tests = ran_tests(plain_out)
+    serial_tests = ran_tests(serial_out)
     print(f"plain pytest -n 2: {plain_s:.1f} s, exit {plain_rc}, {plain_tests} tests; "
-          f"serial pytest: {serial_s:.1f} s, exit {serial_rc}, {ran_tests(serial_out)} tests")  # fmt: skip
+          f"serial pytest: {serial_s:.1f} s, exit {serial_rc}, {serial_tests} tests")  # fmt: skip
 
     results = {}
     for name, extra in (("cupy_sweep_neighbors", ["--neighbors", "2"]), ("cupy_sweep_plain", [])):
