@@ -21,7 +21,7 @@ from ..plugin import gpus
 from ..report import placement
 from ..verdicts import catalogue
 from ..verdicts.evidence import VERIFY_TIMES
-from . import capture_sweep, console, run, state, termination
+from . import capture_sweep, config, console, run, state, termination
 from .executors import EXECUTORS, make_executor
 from .options import SweepError, SweepOptions
 from .ray_executor import NOT_INSTALLED
@@ -52,18 +52,29 @@ def _epilog() -> str:
 
 
 class _SweepParser(argparse.ArgumentParser):
-    """Splits everything after the first `--` into `pytest_args`."""
+    """Splits everything after the first `--` into `pytest_args`, and takes its defaults
+    from the project's `[tool.capsafe]` (harness.sweep.config) before parsing, so a flag
+    given overrides them. A bad table is kept for `main` to report in one line."""
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
         given = list(sys.argv[1:] if args is None else args)
-        passthrough: list[str] = []
+        passthrough: list[str] | None = None
         if "--" in given:
             cut = given.index("--")
             given, passthrough = given[:cut], given[cut + 1 :]
+        found, problem = config.SweepConfig(), ""
+        try:
+            found = config.load(self, Path.cwd())
+        except SweepError as exc:
+            problem = str(exc)
+        self.set_defaults(**found.defaults)
         parsed, unknown = super().parse_known_args(given, namespace)
+        if passthrough is None:
+            passthrough = list(found.defaults.get("pytest_args", []))
         parsed.pytest_args = passthrough
+        parsed.config, parsed.config_problem = found, problem
         return parsed, unknown
 
 
@@ -182,17 +193,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "the report groups failures by GPU; with ray each task asks for one GPU",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    parser.set_defaults(func=main, pytest_args=[])
+    parser.set_defaults(func=main, pytest_args=[], config=config.SweepConfig(), config_problem="")
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.config_problem:
+        return _usage(args.config_problem)
     try:
         options = options_from(args)
     except SweepError as exc:
         return _usage(str(exc))
+    from_file = args.config.line()
     print(
         f"capsafe sweep: seed={options.seed} runs={options.runs} workers={options.workers} "
-        f"out={options.out}",
+        f"out={options.out}" + (f" {from_file}" if from_file else ""),
         file=sys.stderr,
     )
     try:
