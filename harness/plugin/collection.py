@@ -32,6 +32,9 @@ class Collected:
     errors: dict[str, str]
     rootdir: str
     inifile: str = ""
+    timeout: float | None = None  # the project's own pytest-timeout seconds; None: it sets none
+    timeout_source: str = ""  # where that came from, in words
+    timeout_method: str = ""  # the project's own timeout method; "": it sets none
 
 
 _errors: dict[str, str] = {}
@@ -42,15 +45,44 @@ def pytest_collectreport(report: pytest.CollectReport) -> None:
         _errors[report.nodeid or "."] = report.longreprtext
 
 
+def project_timeout(config: pytest.Config) -> tuple[float | None, str, str]:
+    """The project's own pytest-timeout settings, looked up in pytest-timeout's order
+    (its option, from addopts or the sweep's `-- ARGS`; PYTEST_TIMEOUT; the ini's
+    `timeout`): (seconds or None, where from, method or ""). None where pytest-timeout is
+    not loaded here."""
+    if not config.pluginmanager.has_plugin("timeout"):
+        return None, "", ""
+    method = str(config.getoption("timeout_method", None) or config.getini("timeout_method"))
+    given = config.getoption("timeout", None)
+    if given is not None:
+        return (
+            float(given),
+            "the --timeout in the project's addopts or the pytest arguments",
+            method,
+        )
+    env = os.environ.get("PYTEST_TIMEOUT", "").strip()
+    if env:
+        return float(env), "the PYTEST_TIMEOUT environment variable", method
+    ini = str(config.getini("timeout") or "").strip()
+    if ini:
+        where = config.inipath.name if config.inipath is not None else "the ini file"
+        return float(ini), f"timeout in {where}", method
+    return None, "", method
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     path = os.environ.get(COLLECT_OUT_ENV)
     if not path:
         return
+    timeout, source, method = project_timeout(session.config)
     found = {
         "nodeids": [item.nodeid for item in session.items],
         "errors": _errors,
         "rootdir": str(session.config.rootpath),
         "inifile": str(session.config.inipath or ""),
+        "timeout": timeout,
+        "timeout_source": source,
+        "timeout_method": method,
     }
     Path(path).write_text(json.dumps(found), encoding="utf-8")
 
@@ -66,4 +98,7 @@ def read_collected(path: Path) -> Collected | None:
         dict(found["errors"]),
         str(found["rootdir"]),
         str(found.get("inifile", "")),
+        None if found.get("timeout") is None else float(found["timeout"]),
+        str(found.get("timeout_source", "")),
+        str(found.get("timeout_method", "")),
     )

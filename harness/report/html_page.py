@@ -84,6 +84,7 @@ def _header(
         f"<span>backend <b>{_e(summary.backend)}</b></span>"
         f"<span>{summary.duration_s:.1f} s</span>"
         f'<span title="seeds of the runs">seeds {_e(seeds)}</span>'
+        + (f"<span>timeout {_e(summary.timeout)}</span>" if summary.timeout else "")
     )
     trend = _sweep_trend(history)
     outcomes = outcome_counts(tests)

@@ -45,6 +45,8 @@ def render_markdown(summary: Summary, tests: Sequence[Mapping[str, Any]] | None 
         + ", ".join(str(s) for s in summary.seeds),
         "",
     ]
+    if summary.timeout:
+        lines += [f"Per-test timeout: {summary.timeout}", ""]
     if summary.shard:
         lines += [f"> **{shard_line(summary.shard)}**", ""]
     for note in summary.notes:  # a blank line apart: one quote block each

@@ -202,6 +202,7 @@ class Sweep:
             verify_times=VERIFY_TIMES,
             phase_times=phase_times.summary_times(self.clock, self.raw, store.rows),
             shard="" if o.shard is None else str(o.shard), suite_errors=store.suite_errors,
+            timeout=self.runner.timeout_line(),
         )  # fmt: skip
         every = fold.attempts(store.rows, store.ends)
         summary.placement = placement.placement_section(every.values())
