@@ -73,6 +73,8 @@ def _header(
 ) -> str:
     total = len(tests)
     tone = "ok" if bad == 0 and not summary.suite_errors else "bad"
+    if summary.interrupted and tone == "ok":  # a partial report is never green
+        tone = "partial"
     cards = "".join(
         f'<div class="card" style="--c:{colour(c)}"><div class="n">{summary.counts.get(c, 0)}'
         f'</div><div class="k">{c}</div><div class="d">{BY_NAME[c].description}</div></div>'
@@ -414,6 +416,7 @@ code{font:12px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;overflow
  padding:14px 18px;border-radius:10px;margin-bottom:14px;border:1px solid}
 .verdict.ok{background:#dafbe1;border-color:#aceebb;color:#116329}
 .verdict.bad{background:#ffebe9;border-color:#ffcecb;color:#a40e26}
+.verdict.partial{background:#fff8c5;border-color:#eac54f;color:#7d4e00}
 .trend{display:flex;align-items:center;gap:8px;font-size:12px;font-weight:400;color:var(--muted)}
 .cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(130px,1fr));gap:12px}
 .card{background:#fff;border:1px solid var(--line);border-top:4px solid var(--c);

@@ -102,6 +102,9 @@ def shard_line(shard: str) -> str:
 
 def verdict_line(summary: Summary, total: int, bad: int) -> str:
     suite = suite_errors_text(summary.suite_errors, summary.runs)
+    if summary.interrupted:  # a partial report never says "all pass"
+        found = f"{bad} of them need attention" if bad else "none failing"
+        return f"{summary.interrupted}: {found} so far." + (f" Also, {suite}." if suite else "")
     if total == 0:
         return "No tests ran."
     if bad == 0 and suite:

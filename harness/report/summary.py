@@ -73,6 +73,8 @@ class Summary:
     # the per-test timeout the test processes ran under and whose it was (the project's own
     # pytest-timeout setting wins over --timeout)
     timeout: str = ""
+    # a sweep stopped by a signal: by what, in which phase, and how much ran ("": it finished)
+    interrupted: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """summary.json's content (no `placement` key when no process was pinned)."""

@@ -91,10 +91,12 @@ class Sweep:
         self.searches = Searches(self.host, self.store, self.capture, self.isolation, parallel)
         self.neighbors_problem = ""  # why neighbour threads could not start (exit 2)
         self.no_searches = SHARD_VIEW if options.shard else ""  # why searches are not run
+        self.stopped = ""  # an interrupted sweep's headline: by what, and how much ran
 
     # -- driver ---------------------------------------------------------------
     def execute(self) -> SweepResult:
         interrupted = False
+        name = ""
         try:
             for name, phase in self.phases():
                 if name != "collection" and not self.store.collected:
@@ -109,11 +111,23 @@ class Sweep:
             self.runner.kill_all()
             stopped_by = termination.how()
             self.store.note(f"interrupted ({stopped_by}): the report covers what ran before it")
+            self.stopped = self._stopped_line(stopped_by, name)
         finally:
             self.bar.close()
             for line in self.runner.close():
                 self.store.note(line)
         return self._finish(interrupted)
+
+    def _stopped_line(self, stopped_by: str, phase: str) -> str:
+        """ "Interrupted (Ctrl-C) in the runs phase after 1 of 3 suite runs; 12 of 40
+        collected tests ran": the headline's start, so a partial report never reads as a
+        whole one."""
+        store = self.store
+        ran = sum(1 for n in store.collected if n in store.evidence and store.evidence[n].ran)
+        runs = len(self.suite_runs.numbers())
+        return (f"Interrupted ({stopped_by}) in the {phase} phase after "
+                f"{len(store.runs_done)} of {runs} suite runs; {ran} of "
+                f"{len(store.collected)} collected tests ran")  # fmt: skip
 
     def phases(self) -> list[tuple[str, Callable[[], None]]]:
         """The phases in order, each timed in phase_times (isolation holds the capture reruns
@@ -203,6 +217,7 @@ class Sweep:
             phase_times=phase_times.summary_times(self.clock, self.raw, store.rows),
             shard="" if o.shard is None else str(o.shard), suite_errors=store.suite_errors,
             timeout=self.runner.timeout_line(),
+            interrupted=self.stopped,
         )  # fmt: skip
         every = fold.attempts(store.rows, store.ends)
         summary.placement = placement.placement_section(every.values())

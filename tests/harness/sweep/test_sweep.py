@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -235,6 +236,13 @@ def test_a_stop_signal_writes_the_partial_report_and_exits_130(
     assert 0 < len(summary["tests"]) < 40
     assert any("had not run when the sweep stopped" in note for note in summary["notes"])
     assert (out / "report.html").is_file()
+    # The headline said "All 8 tests pass" of a sweep that ran part of its work.
+    said = re.fullmatch(rf"Interrupted \({how}\) in the runs phase after 0 of 3 suite runs; "
+                        r"(\d+) of 40 collected tests ran", summary["interrupted"])  # fmt: skip
+    assert said and 0 < int(said[1]) < 40, summary["interrupted"]
+    assert f"{summary['interrupted']}: none failing so far." in (out / "report.md").read_text()
+    assert "tests pass" not in (out / "report.md").read_text()
+    assert 'class="verdict partial"' in (out / "report.html").read_text()
     pids = [int(p.name.split("-")[1]) for p in (out / "raw" / "shared").glob("pid-*")]
     assert pids and not [pid for pid in pids if _alive(pid)]  # the test process died with it
 
