@@ -20,6 +20,7 @@ from .shared import (
     CELL_LABELS,
     OUTCOME_COLOURS,
     Cell,
+    class_counts,
     evidence_lines,
     leaky_tests,
     other_outcomes,
@@ -75,8 +76,9 @@ def _header(
     tone = "ok" if bad == 0 and not summary.suite_errors else "bad"
     if summary.interrupted and tone == "ok":  # a partial report is never green
         tone = "partial"
+    counts = class_counts(summary)  # pass without the skipped and xfailed
     cards = "".join(
-        f'<div class="card" style="--c:{colour(c)}"><div class="n">{summary.counts.get(c, 0)}'
+        f'<div class="card" style="--c:{colour(c)}"><div class="n">{counts[c]}'
         f'</div><div class="k">{c}</div><div class="d">{BY_NAME[c].description}</div></div>'
         for c in CLASSES
     )
@@ -204,7 +206,9 @@ def _html_message(t: Mapping[str, Any]) -> str:
         if details and details.strip() != message.strip()
         else ""
     )
-    return f'<pre class="msg">{_e(message)}</pre>{fold}'
+    # a skip or xfail reason of a test that never failed: not a red failure box
+    kind = "msg reason" if t["classification"] == Verdict.PASS else "msg"
+    return f'<pre class="{kind}">{_e(message)}</pre>{fold}'
 
 
 def _leak_line(leak: Sequence[str | None]) -> str:
@@ -227,12 +231,12 @@ def _other_outcomes_section(tests: Sequence[Mapping[str, Any]]) -> str:
         f'<tr><td class="id"><code>{_e(t["nodeid"])}</code></td>'
         f'<td><span class="pill" style="--c:{OUTCOME_COLOURS[t["outcome"]]}">{t["outcome"]}'
         f"</span></td><td>{_e(', '.join(f'{o} {n}' for o, n in t.get('outcomes', {}).items()))}"
-        f"</td><td>{_html_message({**t, 'classification': 'skipped'})}</td></tr>"
+        f"</td><td>{_html_message(t)}</td></tr>"
         for t in others
     )
     return (
-        "<section><h2>Skipped, xfailed and xpassed</h2><p class='muted'>Classed pass (they "
-        "never failed), shown here with their own outcome and reason.</p>"
+        "<section><h2>Skipped, xfailed and xpassed</h2><p class='muted'>Not counted as pass, "
+        "and never failed: shown with their own outcome and reason.</p>"
         '<table class="tests"><thead><tr><th>test</th><th>outcome</th><th>attempts</th>'
         f"<th>reason</th></tr></thead><tbody>{rows}</tbody></table></section>"
     )
@@ -460,6 +464,7 @@ details>summary{cursor:pointer;color:var(--muted);margin-top:10px}
 pre.msg{font:12px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;white-space:pre-wrap;
  overflow-wrap:anywhere;background:#fff5f5;border-left:3px solid #cf222e;padding:6px 8px;
  margin:6px 0 0;max-width:760px}
+pre.msg.reason{background:var(--bg);border-left-color:#6e7781}
 details.full summary{font-size:12px;color:#0969da;cursor:pointer;margin-top:4px}
 details.full pre{font:11px/1.35 ui-monospace,SFMono-Regular,Menlo,monospace;white-space:pre-wrap;
  overflow-wrap:anywhere;background:var(--bg);padding:6px 8px;border-radius:6px;max-height:480px;

@@ -75,6 +75,9 @@ class Summary:
     timeout: str = ""
     # a sweep stopped by a signal: by what, in which phase, and how much ran ("": it finished)
     interrupted: str = ""
+    # tests classed pass that were skipped, xfailed or xpassed, by that outcome: never
+    # counted as a pass in the headline, the cards, the console or JUnit
+    outcomes: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """summary.json's content (no `placement` key when no process was pinned)."""

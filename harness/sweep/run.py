@@ -29,17 +29,17 @@ import re
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from ..plugin import order, phase_times
-from ..records import Signal
+from ..records import Signal, fold_outcome
 from ..report import gpu_report, history, placement
 from ..report.render import write_reports
-from ..report.shared import Cell, suite_errors_text
+from ..report.shared import Cell, passing_phrase, suite_errors_text
 from ..report.summary import Summary, TestVerdict
 from ..verdicts import catalogue, fold, stats
 from ..verdicts.catalogue import Verdict, why
@@ -220,6 +220,7 @@ class Sweep:
             interrupted=self.stopped,
         )  # fmt: skip
         every = fold.attempts(store.rows, store.ends)
+        summary.outcomes = _not_passed(tests, every.values())
         summary.placement = placement.placement_section(every.values())
         summary.gpu = gpu_report.gpu_section(
             [t.__dict__ for t in tests], store.rows, capture_sweep.neighbor_summary(self.raw)
@@ -282,6 +283,18 @@ class Sweep:
         return grid
 
 
+def _not_passed(tests: Sequence[TestVerdict], attempts: Iterable[fold.Attempt]) -> dict[str, int]:
+    """The tests classed pass by their outcome other than passed (the first of OUTCOMES among
+    their attempts, as the per-test table says): skipped, xfailed, xpassed."""
+    seen: dict[str, list[str]] = {}
+    for a in attempts:
+        seen.setdefault(a.nodeid, []).append(a.outcome)
+    found = Counter(
+        fold_outcome(seen.get(t.nodeid, ())) for t in tests if t.classification == Verdict.PASS
+    )
+    return {o: n for o, n in found.items() if o != "passed"}
+
+
 def requested_backend() -> str:
     """CAPSAFE_BACKEND as the test processes inherit it (a suite's conftest may still pick
     another, as the planted capture suite does)."""
@@ -331,7 +344,7 @@ def _outcome(
         return SweepResult(summary, EXIT_FOUND,
                            f"{len(found)} not passing ({kinds}){also}; {where}")  # fmt: skip
     extra = f" ({quarantined} quarantined by the baseline)" if quarantined else ""
-    passing = f"all {len(summary.tests)} tests pass{extra}"
+    passing = passing_phrase(len(summary.tests), summary.outcomes) + extra
     if suite:
         return SweepResult(summary, EXIT_FOUND, f"{passing}, but {suite}; {where}")
     return SweepResult(summary, EXIT_OK, f"{passing}; {where}")
