@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -35,6 +35,7 @@ class Collected:
     timeout: float | None = None  # the project's own pytest-timeout seconds; None: it sets none
     timeout_source: str = ""  # where that came from, in words
     timeout_method: str = ""  # the project's own timeout method; "": it sets none
+    lines: dict[str, int] = field(default_factory=dict, compare=False)  # node id -> its line
 
 
 _errors: dict[str, str] = {}
@@ -70,6 +71,12 @@ def project_timeout(config: pytest.Config) -> tuple[float | None, str, str]:
     return None, "", method
 
 
+def _line(item: pytest.Item) -> int:
+    """The 1-based line a test is defined on (0: unknown), where a CI annotation points."""
+    lineno = item.location[1]
+    return lineno + 1 if lineno is not None else 0
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     path = os.environ.get(COLLECT_OUT_ENV)
     if not path:
@@ -83,6 +90,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         "timeout": timeout,
         "timeout_source": source,
         "timeout_method": method,
+        "lines": {item.nodeid: _line(item) for item in session.items},
     }
     Path(path).write_text(json.dumps(found), encoding="utf-8")
 
@@ -101,4 +109,5 @@ def read_collected(path: Path) -> Collected | None:
         None if found.get("timeout") is None else float(found["timeout"]),
         str(found.get("timeout_source", "")),
         str(found.get("timeout_method", "")),
+        {str(k): int(v) for k, v in found.get("lines", {}).items() if v},
     )

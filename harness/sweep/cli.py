@@ -192,6 +192,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "N; ids (one: `2,`): as given, even where no GPU is found); each row records its `gpu`, "
         "the report groups failures by GPU; with ray each task asks for one GPU",
     )
+    parser.add_argument(
+        "--junitxml",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="also write the verdicts as JUnit XML: one testcase per test, a failure (its "
+        "class and cause) for each that is not pass. Under GitHub Actions (GITHUB_ACTIONS="
+        "true) the sweep also prints an annotation per such test and appends report.md to "
+        "the job summary",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.set_defaults(func=main, pytest_args=[], config=config.SweepConfig(), config_problem="")
 
@@ -274,6 +284,8 @@ def options_from(args: argparse.Namespace) -> SweepOptions:
         if shard.count > args.runs:
             raise SweepError(f"--shard {shard} with --runs {args.runs}: a shard does whole "
                                    "runs, so N must be at most --runs")  # fmt: skip
+    if args.junitxml is not None and args.junitxml.is_dir():
+        raise SweepError(f"--junitxml {args.junitxml} is a directory; give a file")
     if args.executor == "ray" and importlib.util.find_spec("ray") is None:
         raise SweepError(NOT_INSTALLED)
     if args.address is not None and args.executor != "ray":
@@ -308,6 +320,7 @@ def options_from(args: argparse.Namespace) -> SweepOptions:
         fork=not args.fresh_processes,
         address=args.address,
         gpus=devices,
+        junitxml=None if args.junitxml is None else args.junitxml.resolve(),
     )
     if args.resume:
         before = state.resumed_options(out)

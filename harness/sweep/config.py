@@ -31,7 +31,7 @@ FILE = "pyproject.toml"
 TABLE = "tool.capsafe"
 FLAGS_ONLY = frozenset({"resume", "force", "help"})
 PASSTHROUGH = "pytest-args"  # the arguments after `--`
-PATH_KEYS = frozenset({"out", "baseline"})  # values resolved relative to the file
+PATH_KEYS = frozenset({"out", "baseline", "junitxml"})  # values resolved relative to the file
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ import re
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,9 +37,9 @@ from typing import Any
 
 from ..plugin import order, phase_times
 from ..records import Signal, fold_outcome
-from ..report import gpu_report, history, placement
+from ..report import github, gpu_report, history, junit, placement
 from ..report.render import write_reports
-from ..report.shared import Cell, passing_phrase, suite_errors_text
+from ..report.shared import Cell, passing_phrase, suite_errors_text, worst_first
 from ..report.summary import Summary, TestVerdict
 from ..verdicts import catalogue, fold, stats
 from ..verdicts.catalogue import Verdict, why
@@ -227,7 +227,9 @@ class Sweep:
         )
         past = self._history(tests) if o.shard is None else []  # the merge writes the history
         self.suite_runs.write_state()
-        write_reports(out, summary, store.rows, self._grid(), store.run_ids, past, ends=store.ends)
+        table = write_reports(out, summary, store.rows, self._grid(), store.run_ids, past,
+                              ends=store.ends)  # fmt: skip
+        self._ci_outputs(summary, table)
         if self.neighbors_problem:
             return SweepResult(summary, EXIT_USAGE, f"{self.neighbors_problem}; report: {out}")
         if o.shard is not None and store.collected and not interrupted:
@@ -239,6 +241,21 @@ class Sweep:
             where = f"partial report: {out / 'report.html'}"
             return SweepResult(summary, EXIT_OK, f"shard {o.shard} {done}; {where}")
         return _outcome(summary, o.baseline, interrupted, out, bool(store.collected))
+
+    def _ci_outputs(self, summary: Summary, table: Sequence[Mapping[str, Any]]) -> None:
+        """--junitxml, and under GitHub Actions the annotations and job summary (a shard's
+        partial view gets none: the merge's verdicts are the ones to show)."""
+        o = self.options
+        tests = worst_first(table)
+        try:
+            if o.junitxml is not None:
+                junit.write_junit(o.junitxml, summary, tests, o.baseline)
+            if o.shard is None:
+                report_md = (o.out / "report.md").read_text(encoding="utf-8")
+                github.write_actions_output(tests, self.runner.lines, self.runner.rootdir,
+                                            report_md, o.baseline)  # fmt: skip
+        except OSError as exc:  # the reports are written: say so, and carry on to the verdict
+            print(f"capsafe sweep: CI output not written: {describe_error(exc)}", file=sys.stderr)
 
     def _history(self, tests: Sequence[TestVerdict]) -> list[dict[str, str]]:
         """One history.csv row per test beside --out, and `latest`; this suite's history."""

@@ -171,6 +171,7 @@ class Runner:
         self.inifile = ""  # the configuration file collection found: set by `collect`
         self.project_timeout: float | None = None  # the project's own timeout: set by `collect`
         self.timeout_source = ""
+        self.lines: dict[str, int] = {}  # node id -> the line it is defined on: set by `collect`
         self.project_timeout_method = ""
         self.stall_limit = options.stall_limit  # raised by `collect` for a longer project timeout
         self.stopping = threading.Event()
@@ -279,6 +280,7 @@ class Runner:
         self.rootdir = Path(collected.rootdir)
         self.inifile = collected.inifile
         self.project_timeout = collected.timeout
+        self.lines = collected.lines
         self.timeout_source = collected.timeout_source
         self.project_timeout_method = collected.timeout_method
         if collected.timeout and self.options.stall_s is None:  # a hang still outlasts it
