@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from . import randomly
+
 COLLECT_OUT_ENV = "CAPSAFE_COLLECT_OUT"
 PLUGIN = "capsafe_harness.plugin.collection"
 
@@ -36,9 +38,15 @@ class Collected:
     timeout_source: str = ""  # where that came from, in words
     timeout_method: str = ""  # the project's own timeout method; "": it sets none
     lines: dict[str, int] = field(default_factory=dict, compare=False)  # node id -> its line
+    randomly: bool = False  # pytest-randomly is loaded in the suite's pytest
 
 
 _errors: dict[str, str] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The project's own order: pytest-randomly (where loaded) does not reorder it."""
+    randomly.keep_order(config)
 
 
 def pytest_collectreport(report: pytest.CollectReport) -> None:
@@ -91,6 +99,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         "timeout_source": source,
         "timeout_method": method,
         "lines": {item.nodeid: _line(item) for item in session.items},
+        "randomly": randomly.installed(session.config),
     }
     Path(path).write_text(json.dumps(found), encoding="utf-8")
 
@@ -110,4 +119,5 @@ def read_collected(path: Path) -> Collected | None:
         str(found.get("timeout_source", "")),
         str(found.get("timeout_method", "")),
         {str(k): int(v) for k, v in found.get("lines", {}).items() if v},
+        bool(found.get("randomly", False)),
     )
