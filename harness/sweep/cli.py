@@ -192,16 +192,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "N; ids (one: `2,`): as given, even where no GPU is found); each row records its `gpu`, "
         "the report groups failures by GPU; with ray each task asks for one GPU",
     )
-    parser.add_argument(
-        "--junitxml",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="also write the verdicts as JUnit XML: one testcase per test, a failure (its "
-        "class and cause) for each that is not pass. Under GitHub Actions (GITHUB_ACTIONS="
-        "true) the sweep also prints an annotation per such test and appends report.md to "
-        "the job summary",
-    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.set_defaults(func=main, pytest_args=[], config=config.SweepConfig(), config_problem="")
 
@@ -284,8 +274,6 @@ def options_from(args: argparse.Namespace) -> SweepOptions:
         if shard.count > args.runs:
             raise SweepError(f"--shard {shard} with --runs {args.runs}: a shard does whole "
                                    "runs, so N must be at most --runs")  # fmt: skip
-    if args.junitxml is not None and args.junitxml.is_dir():
-        raise SweepError(f"--junitxml {args.junitxml} is a directory; give a file")
     if args.executor == "ray" and importlib.util.find_spec("ray") is None:
         raise SweepError(NOT_INSTALLED)
     if args.address is not None and args.executor != "ray":
@@ -320,7 +308,7 @@ def options_from(args: argparse.Namespace) -> SweepOptions:
         fork=not args.fresh_processes,
         address=args.address,
         gpus=devices,
-        junitxml=None if args.junitxml is None else args.junitxml.resolve(),
+        junitxml=junit_path(args),
     )
     if args.resume:
         before = state.resumed_options(out)
@@ -335,7 +323,7 @@ def options_from(args: argparse.Namespace) -> SweepOptions:
 
 
 def add_verdict_options(parser: argparse.ArgumentParser) -> None:
-    """--budget and --baseline, which `capsafe sweep` and `capsafe merge` share."""
+    """--budget, --baseline and --junitxml, which `capsafe sweep` and `capsafe merge` share."""
     parser.add_argument(
         "--budget",
         type=float,
@@ -346,12 +334,24 @@ def add_verdict_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline", type=Path, default=None, metavar="FILE",
                         help="quarantine file: node ids (one per line, # comments) that do "
                         "not fail the verdict")  # fmt: skip
+    parser.add_argument(
+        "--junitxml",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="also write the verdicts as JUnit XML: one testcase per test, a failure (its "
+        "class and cause) for each that is not pass. Under GitHub Actions (GITHUB_ACTIONS="
+        "true) an annotation per such test is printed and report.md appended to the job "
+        "summary, with or without this option",
+    )
 
 
 def verdict_options(args: argparse.Namespace) -> tuple[float | None, frozenset[str]]:
     """--budget checked and the --baseline file read; SweepError with the reason."""
     if args.budget is not None and not args.budget > 0:
         raise SweepError(f"--budget must be positive, got {args.budget:g}")
+    if args.junitxml is not None and args.junitxml.is_dir():
+        raise SweepError(f"--junitxml {args.junitxml} is a directory; give a file")
     if args.baseline is None:
         return args.budget, frozenset()
     try:
@@ -359,6 +359,11 @@ def verdict_options(args: argparse.Namespace) -> tuple[float | None, frozenset[s
     except (OSError, UnicodeDecodeError) as exc:
         reason = state.describe_error(exc)
         raise SweepError(f"cannot read --baseline {args.baseline}: {reason}") from None
+
+
+def junit_path(args: argparse.Namespace) -> Path | None:
+    """--junitxml, absolute (the test processes run elsewhere; the file is the caller's)."""
+    return None if args.junitxml is None else Path(args.junitxml).resolve()
 
 
 def _default_out() -> Path:

@@ -48,6 +48,7 @@ isolation_runs = 2
 neighbors = 1
 out = "reports/nightly"
 baseline = "quarantine.txt"
+junitxml = "reports/junit.xml"
 no-progress = true
 pytest-args = ["-m", "not slow"]
 """
@@ -65,6 +66,7 @@ def test_table_gives_every_default(
     )  # fmt: skip
     assert o.out == (project / "reports" / "nightly").resolve()
     assert o.baseline == frozenset({"tests/test_x.py::test_x"})
+    assert o.junitxml == (project / "reports" / "junit.xml").resolve()
     assert o.progress is False
     assert o.pytest_args == ("-m", "not slow")
     assert f"config={project / 'pyproject.toml'} [tool.capsafe]" in capsys.readouterr().err
