@@ -29,7 +29,7 @@ from ..records import (
     first_lines,
     records_path,
 )
-from . import capture_errors, gpus, neighbor_run, order, phase_times, protect
+from . import capture_errors, gpus, neighbor_run, order, phase_times, protect, randomly
 from .captures import CaptureLog
 from .seeding import Reseeder, registered_seeders
 
@@ -108,6 +108,7 @@ class Settings:
     replay_file: str | None
     neighbors: int
     watch_env: tuple[str, ...]
+    randomly: str = ""  # what capsafe set of pytest-randomly's options (harness.plugin.randomly)
 
     def header(self) -> str:
         seed = "none" if self.seed is None else str(self.seed)
@@ -118,6 +119,8 @@ class Settings:
             line += f" records={self.records} run_id={self.run_id}"
         if self.neighbors:
             line += f" neighbors={self.neighbors}"
+        if self.randomly:
+            line += f"; {self.randomly}"
         return line
 
 
@@ -184,6 +187,7 @@ def _resolve(config: pytest.Config) -> Settings:
         replay_file=opt.capsafe_replay,
         neighbors=opt.capsafe_neighbors,
         watch_env=watch,
+        randomly=randomly.take_over(config, seed),
     )
 
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from . import randomly
 
 COLLECT_OUT_ENV = "CAPSAFE_COLLECT_OUT"
 PLUGIN = "capsafe_harness.plugin.collection"
@@ -32,9 +34,19 @@ class Collected:
     errors: dict[str, str]
     rootdir: str
     inifile: str = ""
+    timeout: float | None = None  # the project's own pytest-timeout seconds; None: it sets none
+    timeout_source: str = ""  # where that came from, in words
+    timeout_method: str = ""  # the project's own timeout method; "": it sets none
+    lines: dict[str, int] = field(default_factory=dict, compare=False)  # node id -> its line
+    randomly: bool = False  # pytest-randomly is loaded in the suite's pytest
 
 
 _errors: dict[str, str] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The project's own order: pytest-randomly (where loaded) does not reorder it."""
+    randomly.keep_order(config)
 
 
 def pytest_collectreport(report: pytest.CollectReport) -> None:
@@ -42,15 +54,52 @@ def pytest_collectreport(report: pytest.CollectReport) -> None:
         _errors[report.nodeid or "."] = report.longreprtext
 
 
+def project_timeout(config: pytest.Config) -> tuple[float | None, str, str]:
+    """The project's own pytest-timeout settings, looked up in pytest-timeout's order
+    (its option, from addopts or the sweep's `-- ARGS`; PYTEST_TIMEOUT; the ini's
+    `timeout`): (seconds or None, where from, method or ""). None where pytest-timeout is
+    not loaded here."""
+    if not config.pluginmanager.has_plugin("timeout"):
+        return None, "", ""
+    method = str(config.getoption("timeout_method", None) or config.getini("timeout_method"))
+    given = config.getoption("timeout", None)
+    if given is not None:
+        return (
+            float(given),
+            "the --timeout in the project's addopts or the pytest arguments",
+            method,
+        )
+    env = os.environ.get("PYTEST_TIMEOUT", "").strip()
+    if env:
+        return float(env), "the PYTEST_TIMEOUT environment variable", method
+    ini = str(config.getini("timeout") or "").strip()
+    if ini:
+        where = config.inipath.name if config.inipath is not None else "the ini file"
+        return float(ini), f"timeout in {where}", method
+    return None, "", method
+
+
+def _line(item: pytest.Item) -> int:
+    """The 1-based line a test is defined on (0: unknown), where a CI annotation points."""
+    lineno = item.location[1]
+    return lineno + 1 if lineno is not None else 0
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     path = os.environ.get(COLLECT_OUT_ENV)
     if not path:
         return
+    timeout, source, method = project_timeout(session.config)
     found = {
         "nodeids": [item.nodeid for item in session.items],
         "errors": _errors,
         "rootdir": str(session.config.rootpath),
         "inifile": str(session.config.inipath or ""),
+        "timeout": timeout,
+        "timeout_source": source,
+        "timeout_method": method,
+        "lines": {item.nodeid: _line(item) for item in session.items},
+        "randomly": randomly.installed(session.config),
     }
     Path(path).write_text(json.dumps(found), encoding="utf-8")
 
@@ -66,4 +115,9 @@ def read_collected(path: Path) -> Collected | None:
         dict(found["errors"]),
         str(found["rootdir"]),
         str(found.get("inifile", "")),
+        None if found.get("timeout") is None else float(found["timeout"]),
+        str(found.get("timeout_source", "")),
+        str(found.get("timeout_method", "")),
+        {str(k): int(v) for k, v in found.get("lines", {}).items() if v},
+        bool(found.get("randomly", False)),
     )

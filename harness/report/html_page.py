@@ -29,6 +29,7 @@ from .shared import (
     CELL_LABELS,
     OUTCOME_COLOURS,
     Cell,
+    class_counts,
     evidence_lines,
     leaky_tests,
     other_outcomes,
@@ -60,7 +61,7 @@ def render_html(
     good = [t for t in tests if t["classification"] == Verdict.PASS]
     series = tables.trends(history)
     seeds = ", ".join(str(s) for s in summary.seeds) or "none"
-    counts = {c: summary.counts.get(c, 0) for c in CLASSES}
+    counts = class_counts(summary)  # pass without the skipped and xfailed
     classes = [
         {"name": c, "n": counts[c], "colour": colour(c), "description": BY_NAME[c].description}
         for c in CLASSES
@@ -68,9 +69,9 @@ def render_html(
     context = {
         "meta": {
             "runs": summary.runs, "workers": summary.workers, "backend": summary.backend,
-            "duration": f"{summary.duration_s:.1f}", "seeds": seeds,
+            "duration": f"{summary.duration_s:.1f}", "seeds": seeds, "timeout": summary.timeout,
         },
-        "tone": "ok" if not bad and not summary.suite_errors else "bad",
+        "tone": _tone(summary, bad),
         "verdict": verdict_line(summary, len(tests), len(bad)),
         "trend": _sweep_trend(history),
         "cards": [c for c in classes if c["n"]],  # a class none of the tests is in: one line
@@ -100,6 +101,13 @@ def render_html(
         "searches": [_search(s) for s in summary.searches],
     }  # fmt: skip
     return _template().render(context)
+
+
+def _tone(summary: Summary, bad: Sequence[Mapping[str, Any]]) -> str:
+    """The headline's colour: a partial (interrupted) report is never green."""
+    if bad or summary.suite_errors:
+        return "bad"
+    return "partial" if summary.interrupted else "ok"
 
 
 @cache
@@ -184,7 +192,9 @@ def _message(t: Mapping[str, Any]) -> dict[str, str] | None:
     if not message or (t["classification"] == Verdict.PASS and t.get("outcome") == "passed"):
         return None
     fold = details if details and details.strip() != message.strip() else ""
-    return {"kind": "msg", "text": message, "details": fold}
+    # a skip or xfail reason of a test that never failed: not a red failure box
+    kind = "msg reason" if t["classification"] == Verdict.PASS else "msg"
+    return {"kind": kind, "text": message, "details": fold}
 
 
 def _other(t: Mapping[str, Any]) -> dict[str, Any]:
@@ -193,7 +203,7 @@ def _other(t: Mapping[str, Any]) -> dict[str, Any]:
         "outcome": t["outcome"],
         "outcome_colour": OUTCOME_COLOURS[t["outcome"]],
         "attempts": ", ".join(f"{o} {n}" for o, n in t.get("outcomes", {}).items()),
-        "message": _message({**t, "classification": "skipped"}),
+        "message": _message(t),
     }
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from ..verdicts.catalogue import CLASSES, Verdict
 from . import gpu_report, placement, tables
 from .shared import (
+    class_counts,
     evidence_lines,
     leaky_tests,
     other_outcomes,
@@ -26,7 +27,7 @@ def render_markdown(summary: Summary, tests: Sequence[Mapping[str, Any]] | None 
     """A plain-text report for terminals, PR comments and chat (`tests`: the per-test table)."""
     tests = per_test(summary, tests)
     bad = [t for t in tests if t["classification"] != Verdict.PASS]
-    counts = summary.counts
+    counts = class_counts(summary)  # pass without the skipped and xfailed
     lines = [
         "# capsafe sweep",
         "",
@@ -45,6 +46,8 @@ def render_markdown(summary: Summary, tests: Sequence[Mapping[str, Any]] | None 
         + ", ".join(str(s) for s in summary.seeds),
         "",
     ]
+    if summary.timeout:
+        lines += [f"Per-test timeout: {summary.timeout}", ""]
     if summary.shard:
         lines += [f"> **{shard_line(summary.shard)}**", ""]
     for note in summary.notes:  # a blank line apart: one quote block each
@@ -79,6 +82,7 @@ def render_markdown(summary: Summary, tests: Sequence[Mapping[str, Any]] | None 
     others = other_outcomes(tests)
     if others:
         lines += ["## Skipped, xfailed and xpassed", "",
+                  "Not counted as pass; never failed, so not a failure either.", "",
                   "| test | outcome | attempts | reason |", "|---|---|---|---|"]  # fmt: skip
         for t in others:
             attempts = ", ".join(f"{o} {n}" for o, n in t.get("outcomes", {}).items())

@@ -8,6 +8,7 @@ import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from ..records import Record, to_json
 from ..verdicts.fold import RunOutcome
@@ -26,9 +27,10 @@ def write_reports(
     history: Sequence[Mapping[str, str]],
     *,
     ends: Iterable[RunOutcome] = (),
-) -> None:
+) -> list[dict[str, Any]]:
     """Write every report file into `out` (`ends`: how each test process ended, which the
-    rows do not say; `history`: this suite's rows of history.csv)."""
+    rows do not say; `history`: this suite's rows of history.csv); the per-test table they
+    were made from (harness.report.tables), for the CI outputs."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rows = list(rows)
@@ -42,3 +44,4 @@ def write_reports(
     (out / "report.md").write_text(render_markdown(summary, tests), encoding="utf-8")
     page = render_html(summary, grid, run_ids, history, tests)
     (out / "report.html").write_text(page, encoding="utf-8")
+    return tests

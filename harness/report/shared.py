@@ -9,7 +9,7 @@ from enum import StrEnum
 from typing import Any
 
 from ..records import Signal
-from ..verdicts.catalogue import Verdict, severity
+from ..verdicts.catalogue import CLASSES, Verdict, severity
 from . import tables
 from .summary import Summary
 
@@ -100,15 +100,46 @@ def shard_line(shard: str) -> str:
     )
 
 
+def not_counted(outcomes: Mapping[str, int]) -> str:
+    """ "2 skipped, 1 xfailed": the tests classed pass that did not simply pass."""
+    return ", ".join(f"{outcomes[o]} {o}" for o in OUTCOME_COLOURS if outcomes.get(o))
+
+
+def passing_phrase(total: int, outcomes: Mapping[str, int]) -> str:
+    """ "all 5 tests that ran pass; 2 skipped, 1 xfailed not counted as pass" for a sweep
+    with nothing to attend to: skipped, xfailed and xpassed tests are never counted as a pass
+    (`outcomes`: Summary.outcomes)."""
+    others = not_counted(outcomes)
+    if not others:
+        return f"all {total} tests pass"
+    ran = total - sum(outcomes.get(o, 0) for o in OUTCOME_COLOURS)
+    if ran == 0:
+        return f"no test ran to a pass: {others}"
+    return f"all {ran} tests that ran pass; {others} not counted as pass"
+
+
+def class_counts(summary: Summary) -> dict[str, int]:
+    """Tests per class for the cards and tables, `pass` without the skipped, xfailed and
+    xpassed ones (the outcome line beside them counts those)."""
+    counts = {c: summary.counts.get(c, 0) for c in CLASSES}
+    counts[Verdict.PASS] -= sum(summary.outcomes.get(o, 0) for o in OUTCOME_COLOURS)
+    return counts
+
+
 def verdict_line(summary: Summary, total: int, bad: int) -> str:
     suite = suite_errors_text(summary.suite_errors, summary.runs)
+    if summary.interrupted:  # a partial report never says "all pass"
+        found = f"{bad} of them need attention" if bad else "none failing"
+        return f"{summary.interrupted}: {found} so far." + (f" Also, {suite}." if suite else "")
     if total == 0:
         return "No tests ran."
-    if bad == 0 and suite:
-        return f"All {total} tests pass, but {suite}."
     if bad == 0:
-        return f"All {total} tests pass."
-    return f"{bad} of {total} tests need attention." + (f" Also, {suite}." if suite else "")
+        phrase = passing_phrase(total, summary.outcomes)
+        return phrase[0].upper() + phrase[1:] + (f", but {suite}." if suite else ".")
+    others = not_counted(summary.outcomes)
+    return (f"{bad} of {total} tests need attention."
+            + (f" {others} not counted as pass." if others else "")
+            + (f" Also, {suite}." if suite else ""))  # fmt: skip
 
 
 def suite_errors_text(errors: Sequence[Mapping[str, Any]], runs: int) -> str:

@@ -70,6 +70,14 @@ class Summary:
     suite_errors: list[dict[str, Any]] = field(default_factory=list)
     # failures by GPU (report.placement), only when some test process was pinned to one
     placement: dict[str, Any] | None = None
+    # the per-test timeout the test processes ran under and whose it was (the project's own
+    # pytest-timeout setting wins over --timeout)
+    timeout: str = ""
+    # a sweep stopped by a signal: by what, in which phase, and how much ran ("": it finished)
+    interrupted: str = ""
+    # tests classed pass that were skipped, xfailed or xpassed, by that outcome: never
+    # counted as a pass in the headline, the cards, the console or JUnit
+    outcomes: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """summary.json's content (no `placement` key when no process was pinned)."""

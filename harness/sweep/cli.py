@@ -23,7 +23,7 @@ from ..plugin import gpus
 from ..report import placement
 from ..verdicts import catalogue
 from ..verdicts.evidence import VERIFY_TIMES
-from . import capture_sweep, console, run, state, termination
+from . import capture_sweep, config, console, run, state, termination
 from .executors import EXECUTORS, make_executor
 from .options import SweepError, SweepOptions
 from .ray_executor import NOT_INSTALLED
@@ -63,21 +63,33 @@ class _SweepHelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 
 class _SweepParser(argparse.ArgumentParser):
-    """Splits everything after the first `--` into `pytest_args`, and answers an unknown
-    option itself: handed back to the top-level parser, it printed `capsafe`'s usage."""
+    """Splits everything after the first `--` into `pytest_args`, and takes its defaults
+    from the project's `[tool.capsafe]` (harness.sweep.config) before parsing, so a flag
+    given overrides them. A bad table is kept for `main` to report in one line. Answers
+    an unknown option itself: handed back to the top-level parser, it printed `capsafe`'s
+    usage."""
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
         given = list(sys.argv[1:] if args is None else args)
-        passthrough: list[str] = []
+        passthrough: list[str] | None = None
         if "--" in given:
             cut = given.index("--")
             given, passthrough = given[:cut], given[cut + 1 :]
+        found, problem = config.SweepConfig(), ""
+        try:
+            found = config.load(self, Path.cwd())
+        except SweepError as exc:
+            problem = str(exc)
+        self.set_defaults(**found.defaults)
         parsed, unknown = super().parse_known_args(given, namespace)
         if unknown:
             self.error(_unrecognized(self, unknown))
+        if passthrough is None:
+            passthrough = list(found.defaults.get("pytest_args", []))
         parsed.pytest_args = passthrough
+        parsed.config, parsed.config_problem = found, problem
         return parsed, unknown
 
 
@@ -209,17 +221,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "the report groups failures by GPU; with ray each task asks for one GPU",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    parser.set_defaults(func=main, pytest_args=[])
+    parser.set_defaults(func=main, pytest_args=[], config=config.SweepConfig(), config_problem="")
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.config_problem:
+        return _usage(args.config_problem)
     try:
         options = options_from(args)
     except SweepError as exc:
         return _usage(str(exc))
+    from_file = args.config.line()
     print(
         f"capsafe sweep: seed={options.seed} runs={options.runs} workers={options.workers} "
-        f"out={options.out}",
+        f"out={options.out}" + (f" {from_file}" if from_file else ""),
         file=sys.stderr,
     )
     try:
@@ -324,6 +339,7 @@ def options_from(args: argparse.Namespace) -> SweepOptions:
         fork=not args.fresh_processes,
         address=args.address,
         gpus=devices,
+        junitxml=junit_path(args),
     )
     if args.resume:
         before = state.resumed_options(out)
@@ -338,7 +354,7 @@ def options_from(args: argparse.Namespace) -> SweepOptions:
 
 
 def add_verdict_options(parser: argparse.ArgumentParser) -> None:
-    """--budget and --baseline, which `capsafe sweep` and `capsafe merge` share."""
+    """--budget, --baseline and --junitxml, which `capsafe sweep` and `capsafe merge` share."""
     parser.add_argument(
         "--budget",
         type=float,
@@ -349,12 +365,24 @@ def add_verdict_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline", type=Path, default=None, metavar="FILE",
                         help="quarantine file: node ids (one per line, # comments) that do "
                         "not fail the verdict")  # fmt: skip
+    parser.add_argument(
+        "--junitxml",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="also write the verdicts as JUnit XML: one testcase per test, a failure (its "
+        "class and cause) for each that is not pass. Under GitHub Actions (GITHUB_ACTIONS="
+        "true) an annotation per such test is printed and report.md appended to the job "
+        "summary, with or without this option",
+    )
 
 
 def verdict_options(args: argparse.Namespace) -> tuple[float | None, frozenset[str]]:
     """--budget checked and the --baseline file read; SweepError with the reason."""
     if args.budget is not None and not args.budget > 0:
         raise SweepError(f"--budget must be positive, got {args.budget:g}")
+    if args.junitxml is not None and args.junitxml.is_dir():
+        raise SweepError(f"--junitxml {args.junitxml} is a directory; give a file")
     if args.baseline is None:
         return args.budget, frozenset()
     try:
@@ -373,6 +401,11 @@ def _missing_path(raw: str) -> str:
             f"and -- -k {name.split('[')[0].split('::')[-1]} to select within it)"
         )
     return f"no such file or directory: {raw}"
+
+
+def junit_path(args: argparse.Namespace) -> Path | None:
+    """--junitxml, absolute (the test processes run elsewhere; the file is the caller's)."""
+    return None if args.junitxml is None else Path(args.junitxml).resolve()
 
 
 def _default_out() -> Path:

@@ -124,7 +124,13 @@ def check_shards(paths: Sequence[Path]) -> list[ShardDir]:
 
 
 def merged_options(
-    first: ShardDir, out: Path, *, budget: float | None, baseline: frozenset[str], progress: bool
+    first: ShardDir,
+    out: Path,
+    *,
+    budget: float | None,
+    baseline: frozenset[str],
+    progress: bool,
+    junitxml: Path | None = None,
 ) -> SweepOptions:
     """The options of the sweep the shards make up: theirs, without the shard."""
     names = {f.name for f in dataclasses.fields(SweepOptions)}
@@ -133,7 +139,7 @@ def merged_options(
     given["paths"] = tuple(Path(p) for p in first.identity["paths"])
     return SweepOptions(
         **given, out=out, budget=budget, baseline=baseline, progress=progress,
-        invoked_from=Path(first.state["invoked_from"]),
+        invoked_from=Path(first.state["invoked_from"]), junitxml=junitxml,
     )  # fmt: skip
 
 
@@ -213,6 +219,7 @@ def run_merge(
     budget: float | None = None,
     baseline: frozenset[str] = frozenset(),
     progress: bool = True,
+    junitxml: Path | None = None,
 ) -> SweepResult:
     """Merge the shards in `dirs` into one sweep in `out`; SweepError for bad input."""
     shards = check_shards([Path(d).resolve() for d in dirs])
@@ -225,5 +232,5 @@ def run_merge(
                          "or another OUT")  # fmt: skip
     prepare_out(out, force=force)
     options = merged_options(shards[0], out, budget=budget, baseline=baseline,
-                             progress=progress)  # fmt: skip
+                             progress=progress, junitxml=junitxml)  # fmt: skip
     return MergedSweep(options, shards, no_run=no_run).execute()

@@ -63,6 +63,7 @@ def main(args: argparse.Namespace) -> int:
             result = merge.run_merge(
                 args.out, args.shards, no_run=args.no_run, force=args.force, budget=budget,
                 baseline=baseline, progress=not args.no_progress,
+                junitxml=sweep_cli.junit_path(args),
             )  # fmt: skip
     except SweepError as exc:
         print(f"capsafe merge: {exc}", file=sys.stderr)

@@ -38,6 +38,7 @@ class SweepOptions:
     gpus: tuple[str, ...] = ()  # --gpus, resolved to device ids: one per process, round-robin
     protect: str = "auto"  # --protect: auto, none, or integration names (capture_sweep)
     shard: Shard | None = None  # this sweep is shard K of N (harness.sweep.shard): no searches
+    junitxml: Path | None = None  # --junitxml: the verdicts as JUnit XML (harness.report.junit)
     fork: bool = True  # replays forked from one collected pytest (fork_executor); False: fresh
 
     @property

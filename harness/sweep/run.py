@@ -28,17 +28,17 @@ import re
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from ..plugin import order, phase_times
-from ..records import Signal
-from ..report import gpu_report, history, placement
+from ..records import Signal, fold_outcome
+from ..report import github, gpu_report, history, junit, placement
 from ..report.render import write_reports
-from ..report.shared import Cell, suite_errors_text
+from ..report.shared import Cell, passing_phrase, suite_errors_text, worst_first
 from ..report.summary import Summary, TestVerdict
 from ..verdicts import catalogue, fold, stats
 from ..verdicts.catalogue import Verdict, why
@@ -90,10 +90,12 @@ class Sweep:
         self.searches = Searches(self.host, self.store, self.capture, self.isolation, parallel)
         self.neighbors_problem = ""  # why neighbour threads could not start (exit 2)
         self.no_searches = SHARD_VIEW if options.shard else ""  # why searches are not run
+        self.stopped = ""  # an interrupted sweep's headline: by what, and how much ran
 
     # -- driver ---------------------------------------------------------------
     def execute(self) -> SweepResult:
         interrupted = False
+        name = ""
         try:
             for name, phase in self.phases():
                 if name != "collection" and not self.store.collected:
@@ -108,11 +110,23 @@ class Sweep:
             self.runner.kill_all()
             stopped_by = termination.how()
             self.store.note(f"interrupted ({stopped_by}): the report covers what ran before it")
+            self.stopped = self._stopped_line(stopped_by, name)
         finally:
             self.bar.close()
             for line in self.runner.close():
                 self.store.note(line)
         return self._finish(interrupted)
+
+    def _stopped_line(self, stopped_by: str, phase: str) -> str:
+        """ "Interrupted (Ctrl-C) in the runs phase after 1 of 3 suite runs; 12 of 40
+        collected tests ran": the headline's start, so a partial report never reads as a
+        whole one."""
+        store = self.store
+        ran = sum(1 for n in store.collected if n in store.evidence and store.evidence[n].ran)
+        runs = len(self.suite_runs.numbers())
+        return (f"Interrupted ({stopped_by}) in the {phase} phase after "
+                f"{len(store.runs_done)} of {runs} suite runs; {ran} of "
+                f"{len(store.collected)} collected tests ran")  # fmt: skip
 
     def phases(self) -> list[tuple[str, Callable[[], None]]]:
         """The phases in order, each timed in phase_times (isolation holds the capture reruns
@@ -201,15 +215,20 @@ class Sweep:
             verify_times=VERIFY_TIMES,
             phase_times=phase_times.summary_times(self.clock, self.raw, store.rows),
             shard="" if o.shard is None else str(o.shard), suite_errors=store.suite_errors,
+            timeout=self.runner.timeout_line(),
+            interrupted=self.stopped,
         )  # fmt: skip
         every = fold.attempts(store.rows, store.ends)
+        summary.outcomes = _not_passed(tests, every.values())
         summary.placement = placement.placement_section(every.values())
         summary.gpu = gpu_report.gpu_section(
             [t.__dict__ for t in tests], store.rows, capture_sweep.neighbor_summary(self.raw)
         )
         past = self._history(tests) if o.shard is None else []  # the merge writes the history
         self.suite_runs.write_state()
-        write_reports(out, summary, store.rows, self._grid(), store.run_ids, past, ends=store.ends)
+        table = write_reports(out, summary, store.rows, self._grid(), store.run_ids, past,
+                              ends=store.ends)  # fmt: skip
+        self._ci_outputs(summary, table)
         if self.neighbors_problem:
             return SweepResult(summary, EXIT_USAGE, f"{self.neighbors_problem}; report: {out}")
         if o.shard is not None and store.collected and not interrupted:
@@ -221,6 +240,21 @@ class Sweep:
             where = f"partial report: {out / 'report.html'}"
             return SweepResult(summary, EXIT_OK, f"shard {o.shard} {done}; {where}")
         return _outcome(summary, o.baseline, interrupted, out, bool(store.collected))
+
+    def _ci_outputs(self, summary: Summary, table: Sequence[Mapping[str, Any]]) -> None:
+        """--junitxml, and under GitHub Actions the annotations and job summary (a shard's
+        partial view gets none: the merge's verdicts are the ones to show)."""
+        o = self.options
+        tests = worst_first(table)
+        try:
+            if o.junitxml is not None:
+                junit.write_junit(o.junitxml, summary, tests, o.baseline)
+            if o.shard is None:
+                report_md = (o.out / "report.md").read_text(encoding="utf-8")
+                github.write_actions_output(tests, self.runner.lines, self.runner.rootdir,
+                                            report_md, o.baseline)  # fmt: skip
+        except OSError as exc:  # the reports are written: say so, and carry on to the verdict
+            print(f"capsafe sweep: CI output not written: {describe_error(exc)}", file=sys.stderr)
 
     def _history(self, tests: Sequence[TestVerdict]) -> list[dict[str, str]]:
         """One history.csv row per test beside --out, and `latest`; this suite's history."""
@@ -263,6 +297,18 @@ class Sweep:
                 states.append(Cell.NOT_RUN if a is None else _cell(a))
             grid[nodeid] = states
         return grid
+
+
+def _not_passed(tests: Sequence[TestVerdict], attempts: Iterable[fold.Attempt]) -> dict[str, int]:
+    """The tests classed pass by their outcome other than passed (the first of OUTCOMES among
+    their attempts, as the per-test table says): skipped, xfailed, xpassed."""
+    seen: dict[str, list[str]] = {}
+    for a in attempts:
+        seen.setdefault(a.nodeid, []).append(a.outcome)
+    found = Counter(
+        fold_outcome(seen.get(t.nodeid, ())) for t in tests if t.classification == Verdict.PASS
+    )
+    return {o: n for o, n in found.items() if o != "passed"}
 
 
 def _progress_bar(enabled: bool) -> Any:
@@ -308,7 +354,7 @@ def _outcome(
         return SweepResult(summary, EXIT_FOUND,
                            f"{len(found)} not passing ({kinds}){also}; {where}")  # fmt: skip
     extra = f" ({quarantined} quarantined by the baseline)" if quarantined else ""
-    passing = f"all {len(summary.tests)} tests pass{extra}"
+    passing = passing_phrase(len(summary.tests), summary.outcomes) + extra
     if suite:
         return SweepResult(summary, EXIT_FOUND, f"{passing}, but {suite}; {where}")
     return SweepResult(summary, EXIT_OK, f"{passing}; {where}")

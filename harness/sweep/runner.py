@@ -171,6 +171,11 @@ class Runner:
         self.executor = executor or self._default_executor()
         self.rootdir = self.cwd  # where node ids are relative to: set by `collect`
         self.inifile = ""  # the configuration file collection found: set by `collect`
+        self.project_timeout: float | None = None  # the project's own timeout: set by `collect`
+        self.timeout_source = ""
+        self.lines: dict[str, int] = {}  # node id -> the line it is defined on: set by `collect`
+        self.project_timeout_method = ""
+        self.stall_limit = options.stall_limit  # raised by `collect` for a longer project timeout
         self.stopping = threading.Event()
         self.on_tests = on_tests  # called with how many more tests finished, as they do
         self._lock = threading.Lock()
@@ -221,7 +226,10 @@ class Runner:
         if seed is not None:
             cmd.append(f"--capsafe-seed={seed}")
         cmd += [f"-n={workers}"] if workers else ["-p", "no:xdist"]
-        cmd += [f"--timeout={o.timeout:g}", "--timeout-method=signal"]
+        if self.project_timeout is None:  # the project's own setting wins
+            cmd.append(f"--timeout={o.timeout:g}")
+        if not self.project_timeout_method:
+            cmd.append("--timeout-method=signal")
         cmd.append("--continue-on-collection-errors")
         if o.neighbors:
             cmd.append(f"--capsafe-neighbors={o.neighbors}")
@@ -290,6 +298,19 @@ class Runner:
         """Every later process uses the rootdir and configuration file collection found."""
         self.rootdir = Path(collected.rootdir)
         self.inifile = collected.inifile
+        self.project_timeout = collected.timeout
+        self.lines = collected.lines
+        self.timeout_source = collected.timeout_source
+        self.project_timeout_method = collected.timeout_method
+        if collected.timeout and self.options.stall_s is None:  # a hang still outlasts it
+            self.stall_limit = max(self.options.stall_limit, 2 * collected.timeout + 30)
+
+    def timeout_line(self) -> str:
+        """Which per-test timeout the test processes ran under, for the report."""
+        if self.project_timeout is None:
+            return f"{self.options.timeout:g} s (--timeout; the project sets none)"
+        seconds = f"{self.project_timeout:g} s" if self.project_timeout else "none"
+        return f"{seconds} (the project's own: {self.timeout_source})"
 
     # -- processes ------------------------------------------------------------
     @contextlib.contextmanager
@@ -323,7 +344,7 @@ class Runner:
         if len(devices) == 1:  # before the process starts, whatever its conftest does first
             env[VISIBLE] = devices[0]
         launch = Launch(label, tuple(cmd), self.cwd, env, records, log,
-                        self.options.stall_limit, devices)  # fmt: skip
+                        self.stall_limit, devices)  # fmt: skip
         held = group is not None and group in self._groups
         with contextlib.nullcontext() if held else self._gate.hold(exclusive):
             if self.stopping.is_set():
@@ -337,7 +358,7 @@ class Runner:
         if end.lost and not killed:
             killed = _lost_in(sequence, rows)
         outcome = fold.RunOutcome(
-            label, end.returncode, stalled_after=self.options.stall_limit if end.stalled else None,
+            label, end.returncode, stalled_after=self.stall_limit if end.stalled else None,
             lost=end.lost, killed=killed, gpu=devices[0] if len(devices) == 1 else "",
         )  # fmt: skip
         return ProcessResult(label, rows, outcome, log, malformed)

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..plugin import randomly
 from ..plugin.collection import Collected
 from ..records import load_records
 from ..verdicts import fold
@@ -76,6 +77,8 @@ class SuiteRuns:
     def take_collection(self, found: Collected) -> None:
         """The suite's node ids and collection errors (pytest's, or a shard's, loaded)."""
         self.store.collected = found.nodeids
+        if found.randomly and randomly.NOTE not in self.store.notes:
+            self.store.note(randomly.NOTE)
         for nodeid, message in found.errors.items():
             ev = self.store.ev(nodeid)
             ev.collect_error = ev.message = message

@@ -79,4 +79,5 @@ class EvidenceStore:
         where = (f"in {', '.join(inside)}, recorded as timed out" if inside else
                  "outside any test (in start-up, collection, between tests or after the "
                  "last one)")  # fmt: skip
-        return f"no progress for {self.stall_limit:g}s; the process was killed {where}"
+        limit = result.end.stalled_after or self.stall_limit  # the runner's, for this process
+        return f"no progress for {limit:g}s; the process was killed {where}"

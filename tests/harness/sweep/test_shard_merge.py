@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
@@ -112,8 +113,12 @@ def test_three_shards_merged_classify_as_the_unsharded_sweep(tmp_path: Path) -> 
     assert all(suite.name in line for line in history[1:])  # keyed by the suite's paths
 
     # --no-run: nothing runs; what needed a rerun or a search is unverified.
-    code, err = merge("--no-run", str(tmp_path / "no-run"), *map(str, shards), cwd=tmp_path)
+    junit = tmp_path / "no-run.xml"
+    code, err = merge("--no-run", str(tmp_path / "no-run"), *map(str, shards), "--junitxml",
+                      str(junit), cwd=tmp_path)  # fmt: skip
     assert code == 1, err
+    cases = {c.get("name"): c for c in ET.parse(junit).getroot().iter("testcase")}
+    assert len(cases) == len(verdicts(merged)) and cases["test_victim"].find("failure") is not None
     lazy = verdicts(tmp_path / "no-run")
     assert lazy[VICTIM][0] == lazy[BRITTLE][0] == "unverified"
     assert lazy[VICTIM][5] == 0 and lazy[BRITTLE][5] == 1  # rerun by no shard / by shard 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -237,6 +238,13 @@ def test_a_stop_signal_writes_the_partial_report_and_exits_130(
     assert 0 < len(summary["tests"]) < 40
     assert any("had not run when the sweep stopped" in note for note in summary["notes"])
     assert (out / "report.html").is_file()
+    # The headline said "All 8 tests pass" of a sweep that ran part of its work.
+    said = re.fullmatch(rf"Interrupted \({how}\) in the runs phase after 0 of 3 suite runs; "
+                        r"(\d+) of 40 collected tests ran", summary["interrupted"])  # fmt: skip
+    assert said and 0 < int(said[1]) < 40, summary["interrupted"]
+    assert f"{summary['interrupted']}: none failing so far." in (out / "report.md").read_text()
+    assert "tests pass" not in (out / "report.md").read_text()
+    assert 'class="verdict partial"' in (out / "report.html").read_text()
     pids = [int(p.name.split("-")[1]) for p in (out / "raw" / "shared").glob("pid-*")]
     assert pids and not [pid for pid in pids if _alive(pid)]  # the test process died with it
 
@@ -445,3 +453,44 @@ def test_hostile_surroundings_become_notes_and_nothing_is_lost(tmp_path: Path) -
     assert "test_junk.py::test_writes_a_torn_record_line" in (reports / "history.csv").read_text()
     assert (reports / "latest" / "keep.txt").read_text() == "mine"
     assert (out / "report.html").is_file()
+
+
+TWO_SECONDS = """
+    import time
+
+    def test_two_seconds():
+        time.sleep(2)
+"""
+
+
+@pytest.mark.parametrize("where", ["ini", "env"])
+def test_the_projects_own_timeout_wins_over_the_sweeps(tmp_path: Path, where: str) -> None:
+    # The sweep always passed --timeout=60: a project whose ini says `timeout = 1` was red
+    # under plain pytest and green under the sweep.
+    suite = make_suite(tmp_path / "suite", test_two=TWO_SECONDS)
+    env = dict(os.environ)
+    if where == "ini":
+        (suite / "pytest.ini").write_text("[pytest]\ntimeout = 1\n")
+    else:
+        env["PYTEST_TIMEOUT"] = "1"
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "capsafe.cli", "sweep", "--no-progress", str(suite), "--runs",
+         "1", "--workers", "0", "--isolation-runs", "1", "--out", str(out), *FAST],
+        cwd=tmp_path, capture_output=True, text=True, timeout=280, env=env,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    (test,) = summary_of(out)["tests"]
+    assert test["classification"] != "pass" and "timeout" in test["signals"], test
+    said = "timeout in pytest.ini" if where == "ini" else "the PYTEST_TIMEOUT environment variable"
+    assert summary_of(out)["timeout"] == f"1 s (the project's own: {said})"
+    assert f"Per-test timeout: 1 s (the project's own: {said})" in (out / "report.md").read_text()
+
+
+def test_without_a_project_timeout_the_sweeps_is_used_and_named(tmp_path: Path) -> None:
+    suite = make_suite(tmp_path / "suite", test_ok=PASSING)
+    out = tmp_path / "out"
+    done = sweep(str(suite), "--runs", "1", "--workers", "0", "--timeout", "45",
+                 "--out", str(out), *FAST, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert summary_of(out)["timeout"] == "45 s (--timeout; the project sets none)"
