@@ -25,14 +25,16 @@ from .parallel import ParallelCheck
 from .store import EvidenceStore
 
 MAX_PREFIXES = 2  # failing (or passing) runs whose prefix a search tries before widening
+PAIRS_PER_REPLAY = 100  # tests one pair screen (`P X1 P X2 ...`) puts after a cause
 
 Job = tuple[str, ...]
-"""(kind, test), ("trial", kind, culprits..., test) or ("screen", kind, culprits..., module)."""
+"""(kind, test), ("trial", kind, culprits..., test), ("screen", kind, culprits..., module)
+or ("pairs", kind, culprits..., "")."""
 
 
 def explained_test(job: Job) -> str | None:
-    """The test a search job would explain (None for a module's screen)."""
-    return None if job[0] == "screen" else job[-1]
+    """The test a search job would explain (None for a screen)."""
+    return None if job[0] in ("screen", "pairs") else job[-1]
 
 
 class Searches:
@@ -58,11 +60,11 @@ class Searches:
         """(kind, test) for every test whose verdict needs a cause search."""
         jobs: list[Job] = []
         for nodeid, ev in sorted(self.store.evidence.items()):
-            if not ev.failures or not ev.isolation_runs or self.capture.capture_unsafe(nodeid):
+            if not ev.isolation_runs or self.capture.capture_unsafe(nodeid):
                 continue
-            if not ev.ever_failed_alone:
+            if ev.failures and not ev.ever_failed_alone:
                 jobs.append(("polluter", nodeid))
-            elif ev.always_failed_alone:
+            elif ev.always_failed_alone:  # failed in a suite run, or only alone (brittle)
                 jobs.append(("state-setter", nodeid))
         return jobs
 
@@ -73,6 +75,8 @@ class Searches:
         kind, nodeid = job[0], job[-1]
         if kind == "screen":
             return self._screen_module(job[1], tuple(job[2:-1]), nodeid)
+        if kind == "pairs":
+            return self._pairs(job[1], tuple(job[2:-1]))
         if not self._claim(nodeid):
             return []
         try:
@@ -192,21 +196,54 @@ class Searches:
         return True, spent
 
     def _trials(self, kind: str, culprits: Sequence[str], victim: str) -> list[Job]:
-        """Jobs that try a verified cause on other tests. A polluter is screened against every
-        module once (the victim's first, then those holding failing tests): cleaners hide
-        victims from shuffled runs, and a test that never failed may be one. A state-setter is
-        tried on the tests that always failed alone."""
-        if kind == "polluter":
-            failing = {order.module_of(n) for n in self._failing(kind)}
-            modules = list(dict.fromkeys(order.module_of(n) for n in self.store.collected))
-            modules.sort(key=lambda m: (m != order.module_of(victim), m not in failing))
-            with self._lock:
-                fresh = [m for m in modules if (m, *culprits) not in self._sibling_trials]
-                self._sibling_trials.update((m, *culprits) for m in fresh)
-            return [("screen", kind, *culprits, m) for m in fresh]
-        return self._screened(
-            kind, culprits, [n for n in self._failing(kind) if n != victim and n not in culprits]
-        )
+        """Jobs that try a verified cause on other tests: first the cause replayed directly
+        before each of them (`_pairs`: a cleaner never sits between), then, for a polluter,
+        every module once (the victim's first, then those holding failing tests; a victim
+        needing a third polluter from its own module shows there). Cleaners hide victims
+        from shuffled runs, and a test that never failed may be one."""
+        with self._lock:
+            first = ("", *culprits) not in self._sibling_trials
+            self._sibling_trials.add(("", *culprits))
+        pairs: list[Job] = [("pairs", kind, *culprits, "")] if first else []
+        if kind != "polluter":
+            return pairs
+        failing = {order.module_of(n) for n in self._failing(kind)}
+        modules = list(dict.fromkeys(order.module_of(n) for n in self.store.collected))
+        modules.sort(key=lambda m: (m != order.module_of(victim), m not in failing))
+        with self._lock:
+            fresh = [m for m in modules if (m, *culprits) not in self._sibling_trials]
+            self._sibling_trials.update((m, *culprits) for m in fresh)
+        return [*pairs, *(("screen", kind, *culprits, m) for m in fresh)]
+
+    def _pairs(self, kind: str, culprits: tuple[str, ...]) -> list[Job]:
+        """Trial jobs for the tests that did what the cause explains when replayed directly
+        after it: one process runs `P X1 P X2 P X3 ...` (PAIRS_PER_REPLAY tests a process),
+        so no cleaner sits between the cause and any test, in whatever package it lies. A
+        polluter's candidates are every unexplained test that never failed alone, a
+        state-setter's the tests that always failed alone. A cause that fails when repeated
+        is not trusted to have acted again: a note says so, and the module screens (a group
+        test: the cause once before a whole module) are what finds its other victims."""
+        want_failed = kind == "polluter"
+        with self._lock:
+            pool = (
+                [n for n in self.store.collected if not self.store.ev(n).ever_failed_alone]
+                if want_failed else self._failing(kind)
+            )  # fmt: skip
+            tests = [n for n in pool if n not in culprits and not self.store.explained(n)]
+        hits: list[str] = []
+        for start in range(0, len(tests), PAIRS_PER_REPLAY):
+            if not self.host.budget_left():
+                break
+            chunk = tests[start : start + PAIRS_PER_REPLAY]
+            sequence = [n for test in chunk for n in (*culprits, test)]
+            found = self.host.replay(sequence, seed=self._first_seed(), kind="pairs").attempts
+            if any(c in found and found[c].failed for c in culprits):
+                self.host.note(f"{' + '.join(culprits)} failed when replayed before each "
+                               "test in turn: its other victims are searched module by "
+                               "module")  # fmt: skip
+                break
+            hits += [n for n in chunk if n in found and found[n].failed is want_failed]
+        return [("trial", kind, *culprits, n) for n in hits]
 
     def _failing(self, kind: str) -> list[str]:
         """Tests that failed in the suite and alone as a `kind` would explain: a polluter's
@@ -214,8 +251,9 @@ class Searches:
         with self.store.lock:
             return [
                 n for n, ev in self.store.evidence.items()
-                if ev.failures and ev.isolation_runs and ev.collect_error is None
-                and (ev.always_failed_alone if kind == "state-setter" else not ev.ever_failed_alone)
+                if ev.isolation_runs and ev.collect_error is None
+                and (ev.always_failed_alone if kind == "state-setter"
+                     else ev.failures and not ev.ever_failed_alone)
             ]  # fmt: skip
 
     def _screen_module(self, kind: str, culprits: tuple[str, ...], module: str) -> list[Job]:
@@ -294,6 +332,13 @@ class Searches:
         mine.sort(key=lambda a: run_ids.index(a.run_id))
         with self._lock:
             screened = self._screen_prefixes.get(nodeid) if want_failed else None
+        if not want_failed and not mine:
+            # It passed in no suite run and fails alone every time (a test that needs a second
+            # GPU): no order the sweep ran lets it pass. Only the project's own order, which
+            # the sweep never ran, is replayed, once (issue 20).
+            if nodeid in collected:
+                yield None, list(collected[: collected.index(nodeid)])
+            return
         if screened is not None:
             yield screened
         for attempt in mine[:MAX_PREFIXES]:
