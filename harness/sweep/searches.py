@@ -207,6 +207,7 @@ class Searches:
         pairs: list[Job] = [("pairs", kind, *culprits, "")] if first else []
         if kind != "polluter":
             return pairs
+        pairs += self._mirrors(culprits, victim)
         failing = {order.module_of(n) for n in self._failing(kind)}
         modules = list(dict.fromkeys(order.module_of(n) for n in self.store.collected))
         modules.sort(key=lambda m: (m != order.module_of(victim), m not in failing))
@@ -214,6 +215,19 @@ class Searches:
             fresh = [m for m in modules if (m, *culprits) not in self._sibling_trials]
             self._sibling_trials.update((m, *culprits) for m in fresh)
         return [*pairs, *(("screen", kind, *culprits, m) for m in fresh)]
+
+    def _mirrors(self, culprits: Sequence[str], victim: str) -> list[Job]:
+        """Trials of each polluter as a victim of the cause with it replaced by `victim`, when
+        both lie in one module: the pair screen leaves a cause's own tests out, and tests of
+        one module often do the same thing (freezegun's two test_utils tests each pollute
+        with test_min_and_max, and each is the other's victim)."""
+        module = order.module_of(victim)
+        return [
+            ("trial", "polluter", *(victim if c == culprit else c for c in culprits), culprit)
+            for culprit in culprits
+            if order.module_of(culprit) == module and victim not in culprits
+            and not self.store.explained(culprit)
+        ]  # fmt: skip
 
     def _pairs(self, kind: str, culprits: tuple[str, ...]) -> list[Job]:
         """Trial jobs for the tests that did what the cause explains when replayed directly

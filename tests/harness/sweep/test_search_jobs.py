@@ -38,6 +38,9 @@ def outcomes(sequence: Sequence[str]) -> dict[str, bool]:
     return failed
 
 
+Model = Callable[[Sequence[str]], dict[str, bool]]
+
+
 def attempt(nodeid: str, failed: bool, run: str, index: int) -> Attempt:
     return Attempt(nodeid, run, failed, frozenset(), "main", 1, index, float(index), 1, "")
 
@@ -45,7 +48,8 @@ def attempt(nodeid: str, failed: bool, run: str, index: int) -> Attempt:
 class ModelHost:
     """Replays sequences through `outcomes`, one job at a time, and keeps what it was asked."""
 
-    def __init__(self) -> None:
+    def __init__(self, model: Model = outcomes) -> None:
+        self.model = model
         self.asked: list[tuple[str, tuple[str, ...]]] = []
         self.notes: list[str] = []
 
@@ -55,7 +59,8 @@ class ModelHost:
     ) -> Replayed:  # fmt: skip
         self.asked.append((kind, tuple(sequence)))
         label = f"{kind}-{len(self.asked)}"
-        found = {n: attempt(n, f, label, i) for i, (n, f) in enumerate(outcomes(sequence).items())}
+        done = self.model(sequence).items()
+        found = {n: attempt(n, f, label, i) for i, (n, f) in enumerate(done)}
         return Replayed(label, found, 0, True, Path("log"))
 
     def pool(
@@ -76,23 +81,26 @@ class ModelHost:
         self.notes.append(text)
 
 
-def store_after_runs(tmp_path: Path, runs: Sequence[Sequence[str]]) -> EvidenceStore:
+def store_after_runs(
+    tmp_path: Path, runs: Sequence[Sequence[str]], model: Model = outcomes,
+    collected: tuple[str, ...] = COLLECTED,
+) -> EvidenceStore:  # fmt: skip
     """The store as the suite runs and the alone reruns (3 each, as the model says) left it."""
     store = EvidenceStore(tmp_path, 60.0)
-    store.collected = COLLECTED
+    store.collected = collected
     for k, sequence in enumerate(runs, 1):
         run_id = f"run-{k}"
         store.run_ids.append(run_id)
         store.seeds.append(k)
-        for i, (nodeid, failed) in enumerate(outcomes(sequence).items()):
+        for i, (nodeid, failed) in enumerate(model(sequence).items()):
             store.run_attempts[(run_id, nodeid)] = attempt(nodeid, failed, run_id, i)
             ev = store.ev(nodeid)
             ev.runs += 1
             ev.failures += failed
-    for nodeid in COLLECTED:
+    for nodeid in collected:
         ev = store.ev(nodeid)
         ev.isolation_runs = 3
-        ev.isolation_failures = 3 * outcomes([nodeid])[nodeid]
+        ev.isolation_failures = 3 * model([nodeid])[nodeid]
     return store
 
 
@@ -161,3 +169,35 @@ def test_a_verified_polluter_is_replayed_before_every_test_past_the_cleaners(
     assert pairs[0::2] == (P,) * (len(pairs) // 2) and V3 in pairs[1::2]
     wrong = [n for n in COLLECTED if store.ev(n).polluters and n not in (V1, V2, V3)]
     assert not wrong
+
+
+A, B = "u/test_utils.py::test_a", "u/test_utils.py::test_b"  # either, then M, pollutes
+M = "d/test_dt.py::test_m"
+W = "v/test_v.py::test_w"
+
+
+def mirrored(sequence: Sequence[str]) -> dict[str, bool]:
+    """freezegun's test_utils pair: A or B, then M, pollutes; W fails when polluted, and so
+    does each of A and B when the other one, then M, ran before it."""
+    failed: dict[str, bool] = {}
+    for k, test in enumerate(sequence):
+        before = sequence[:k]
+        firsts = {t: before.index(t) for t in (A, B) if t in before}
+        m_after = {t for t, i in firsts.items() if M in before[i + 1 :]}
+        hit = bool(m_after - {test}) if test in (A, B) else bool(m_after) and test == W
+        failed[test] = failed.get(test, False) or hit
+    return failed
+
+
+def test_a_polluter_is_tried_as_its_module_mirrors_victim(tmp_path: Path) -> None:
+    # W fails after A + M. B, A's module sibling, is a victim of A + M too (pair screen), and
+    # A a victim of B + M: with A in the cause, neither screen puts A after a cause; the
+    # cause with A replaced by B does.
+    collected = (A, B, M, W, *PADS)
+    store = store_after_runs(tmp_path, [[B, A, M, W, *PADS], [A, *PADS, W, M]], mirrored,
+                             collected)  # fmt: skip
+    assert (store.ev(A).failures, store.ev(B).failures, store.ev(W).failures) == (0, 0, 1)
+    searches_over(store, ModelHost(mirrored)).run()
+    assert store.ev(W).polluters == [A, M]
+    assert store.ev(B).polluters == [A, M]
+    assert store.ev(A).polluters == [B, M]
