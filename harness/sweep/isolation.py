@@ -24,6 +24,8 @@ from .runs import run_seeds
 from .shard import stable_hash
 from .store import EvidenceStore
 
+WATCH_EVERY_VARIABLE = "--capsafe-watch-env=*"  # an alone run of every test: what it leaves set
+
 
 class Isolation:
     """The alone reruns of one sweep, through its host, into its store."""
@@ -61,6 +63,8 @@ class Isolation:
         def alone(job: tuple[str, int], _: int) -> list[Any]:
             nodeid, rerun = job
             extra = tuple(extra_args[rerun % len(extra_args)])
+            if rerun == 0 and nodeid in only_alone:  # what it leaves set: a candidate polluter
+                extra += (WATCH_EVERY_VARIABLE,)
             seed = stable_hash(o.seed, "alone", nodeid, rerun)  # whichever shard reruns it
             failed, signals, _, label = self.alone(nodeid, seed, extra)
             self.count_alone(nodeid, rerun, failed, signals, label)

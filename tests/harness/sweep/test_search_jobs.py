@@ -9,6 +9,7 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, cast
 
+from capsafe_harness.records import Signal
 from capsafe_harness.sweep.capture_sweep import CapturePhases
 from capsafe_harness.sweep.host import Replayed
 from capsafe_harness.sweep.searches import Searches
@@ -201,3 +202,16 @@ def test_a_polluter_is_tried_as_its_module_mirrors_victim(tmp_path: Path) -> Non
     assert store.ev(W).polluters == [A, M]
     assert store.ev(B).polluters == [A, M]
     assert store.ev(A).polluters == [B, M]
+
+
+def test_a_test_that_left_the_environment_changed_is_screened_as_a_polluter(
+    tmp_path: Path,
+) -> None:
+    # No victim failed in any run (a cleaner always ran between): nothing to search from. P's
+    # alone run showed it left a variable set, and that is enough to screen it.
+    store = store_after_runs(tmp_path, [[P, CLEAN, V1, V2, V3], [P, CLEAN, *PADS, V3]])
+    assert not [n for n in COLLECTED if store.ev(n).failures and n != BRITTLE]
+    store.ev(P).signals.add(Signal.ENV_LEAK)
+    searches_over(store, host := ModelHost()).run()
+    assert store.ev(V1).polluters == store.ev(V2).polluters == store.ev(V3).polluters == [P]
+    assert [kind for kind, _ in host.asked].count("pairs") == 1
