@@ -161,7 +161,7 @@ class SweepHost:
         if self.bar.total is not None:
             self.bar.total += len(sequence)
         result = self.runner.run(label, cmd, exclusive=exclusive, group=group, sequence=sequence)
-        if group is None:
+        if group is None and not self.runner.stopping.is_set():  # a stop may have killed it
             self.journal.add(key, result)
         self.store.take(result)
         return self._replayed(result)
