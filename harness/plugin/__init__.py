@@ -34,6 +34,7 @@ from .captures import CaptureLog
 from .seeding import Reseeder, registered_seeders
 
 DEFAULT_WATCH_ENV = "CAPSAFE_,CUDA_"
+PYTEST_OWN = "PYTEST_CURRENT_TEST"  # pytest sets it for each phase: never a leak
 PLUGIN_NAME = "capsafe-run"
 CONTROLLER = "controller"
 
@@ -89,7 +90,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="PREFIX[,PREFIX...]",
         default=DEFAULT_WATCH_ENV,
         help=f"environment prefixes whose changes a test leaves behind are recorded "
-        f"(default {DEFAULT_WATCH_ENV})",
+        f"(default {DEFAULT_WATCH_ENV}; * for every variable)",
     )
     protect.add_option(group)
     gpus.add_option(group)
@@ -177,7 +178,8 @@ def _resolve(config: pytest.Config) -> Settings:
             raise pytest.UsageError(
                 f"--capsafe-records: cannot create {opt.capsafe_records}: {exc.strerror or exc}"
             ) from None
-    watch = tuple(p.strip() for p in opt.capsafe_watch_env.split(",") if p.strip())
+    prefixes = (p.strip() for p in opt.capsafe_watch_env.split(","))
+    watch = tuple("" if p == "*" else p for p in prefixes if p)  # "*": every variable
     return Settings(
         records=opt.capsafe_records,
         run_id=run_id,
@@ -272,6 +274,8 @@ def _env_leak(
     leaks = {}
     for key in before.keys() | after.keys():
         name = text(key)
+        if name == PYTEST_OWN:
+            continue
         if name.startswith(prefixes) and before.get(key) != after.get(key):
             old, new = before.get(key), after.get(key)
             leaks[name] = [None if old is None else text(old), None if new is None else text(new)]

@@ -24,8 +24,9 @@ from typing import Any, Protocol
 from ..plugin import order
 from ..records import Signal
 from ..verdicts.fold import Attempt
+from .journal import Journal, question
 from .options import SweepOptions
-from .runner import PYTEST_NO_RUN, Runner
+from .runner import PYTEST_NO_RUN, ProcessResult, Runner
 from .store import EvidenceStore
 
 Work = Callable[[Any, int], list[Any]]
@@ -117,7 +118,8 @@ class SweepHost:
         self.store = store
         self.bar = bar
         self.started = started
-        self._labels = 0
+        self.journal = Journal(store.raw, resume=options.resume)  # finished replays, kept
+        self._labels = self.journal.highest_label()  # a resumed sweep's labels follow on
         self._lock = threading.Lock()
 
     def label(self, kind: str) -> str:
@@ -140,8 +142,16 @@ class SweepHost:
         if self.runner.stopping.is_set():
             raise KeyboardInterrupt
         sequence = list(sequence)
-        label = self.label(kind)
         raw = self.store.raw
+        key = question(kind, seed, extra, exclusive, sequence)
+        kept = None if group is not None else self.journal.answer(key, raw)
+        if kept is not None:  # finished before an interrupt: --resume does not run it again
+            self.store.take(kept)
+            if self.bar.total is not None:
+                self.bar.total += len(sequence)
+            self.bar.update(len(sequence))
+            return self._replayed(kept)
+        label = self.label(kind)
         replay_file = raw / "replays" / f"{label}.txt"
         order.write_replay(replay_file, sequence)
         cmd = self.runner.pytest_command(
@@ -151,7 +161,14 @@ class SweepHost:
         if self.bar.total is not None:
             self.bar.total += len(sequence)
         result = self.runner.run(label, cmd, exclusive=exclusive, group=group, sequence=sequence)
+        if group is None and not self.runner.stopping.is_set():  # a stop may have killed it
+            self.journal.add(key, result)
         self.store.take(result)
+        return self._replayed(result)
+
+    @staticmethod
+    def _replayed(result: ProcessResult) -> Replayed:
+        label = result.label
         found = {a.nodeid: a for (run, _), a in result.attempts().items() if run == label}
         return Replayed(label, found, result.returncode, bool(result.rows), result.log)
 

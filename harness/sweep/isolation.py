@@ -1,4 +1,6 @@
-"""Phase 2, isolation: every test that ever failed, alone, in R fresh processes.
+"""Phase 2, isolation: every test that ever failed, alone, in R fresh processes; every
+other test that ran, alone once (a test that fails only alone is brittle or flaky, and then
+gets the other R - 1).
 
 Rerun i adds `extra_args[i % len(extra_args)]` to its pytest command (with --neighbors:
 without and with them in turn). A failure alone beside other reruns (they share the
@@ -21,6 +23,8 @@ from .options import SweepOptions
 from .runs import run_seeds
 from .shard import stable_hash
 from .store import EvidenceStore
+
+WATCH_EVERY_VARIABLE = "--capsafe-watch-env=*"  # an alone run of every test: what it leaves set
 
 
 class Isolation:
@@ -49,13 +53,24 @@ class Isolation:
         extra_args = self.capture.alone_args()
         jobs = [(n, i) for n in failing for i in range(runs)
                 if (n, i) not in self.store.alone_done]  # fmt: skip
+        screened = self.screen_targets() if runs else []  # --isolation-runs 0: none
+        jobs += [(n, 0) for n in screened if (n, 0) not in self.store.alone_done]
+        jobs += [(n, i) for n in screened for i in range(1, runs)  # a shard's screen failed it
+                 if (n, 0) in self.store.alone_done and self.store.ev(n).isolation_failures
+                 and (n, i) not in self.store.alone_done]  # fmt: skip
+        only_alone = set(screened)
 
         def alone(job: tuple[str, int], _: int) -> list[Any]:
             nodeid, rerun = job
             extra = tuple(extra_args[rerun % len(extra_args)])
+            if rerun == 0 and nodeid in only_alone:  # what it leaves set: a candidate polluter
+                extra += (WATCH_EVERY_VARIABLE,)
             seed = stable_hash(o.seed, "alone", nodeid, rerun)  # whichever shard reruns it
             failed, signals, _, label = self.alone(nodeid, seed, extra)
             self.count_alone(nodeid, rerun, failed, signals, label)
+            if rerun == 0 and failed and nodeid in only_alone:  # brittle, or flaky: rerun it
+                return [(nodeid, i) for i in range(1, runs) if (nodeid, i) not in
+                        self.store.alone_done]  # fmt: skip
             return []
 
         self.host.pool("isolation reruns", jobs, alone, target=lambda job: job[0])
@@ -63,6 +78,19 @@ class Isolation:
             self.capture.attribute_late(self.host, failing, o.seed)
             self.capture.protect(self.host, o.protect, runs, batch_seeds,
                                  frameworks=self._frameworks)  # fmt: skip
+
+    def screen_targets(self) -> list[str]:
+        """The tests that ran and never failed in a suite run: each runs alone once (its rerun
+        0), and only one that fails there gets the other reruns. A brittle test whose
+        state-setters run before it in every suite run shows only alone (issue 24); forked
+        from the fork server, a rerun costs little more than the test itself."""
+        o = self.options
+        with self.store.lock:
+            return sorted(
+                n for n, ev in self.store.evidence.items()
+                if ev.runs and not ev.failures and ev.collect_error is None
+                and (o.shard is None or o.shard.owns(n, o.seed))
+            )  # fmt: skip
 
     def _frameworks(self) -> tuple[str, ...]:
         """What `--protect auto` finds: asked of the suite's interpreter, in its directory."""

@@ -27,13 +27,15 @@ from typing import Any
 
 from ..plugin.collection import Collected, read_collected
 from .host import target_outcome
+from .journal import JOURNAL_FILE
 from .options import SweepError, SweepOptions
 from .run import Sweep, SweepResult
 from .shard import Shard, parse_shard
 from .state import STATE_FILE, describe_error, prepare_out, read_state
 
 NOT_RUN = "`capsafe merge --no-run`: the reruns or searches its verdict needs were not run"
-LOCAL = ("shared", "collected.json", "collect.log")  # in a shard's raw/, not evidence to copy
+LOCAL = ("shared", "collected.json", "collect.log", "fork-servers", JOURNAL_FILE)
+"""In a shard's raw/ and not evidence to copy (its fork servers' logs, its replay journal)."""
 
 
 @dataclass(frozen=True)

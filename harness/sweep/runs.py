@@ -23,6 +23,7 @@ from ..records import load_records
 from ..verdicts import fold
 from . import capture_sweep
 from .host import SweepHost
+from .journal import JOURNAL_FILE
 from .options import SweepError, SweepOptions
 from .runner import PYTEST_NO_RUN, Interrupted, ProcessResult, last_line, usage_error_line
 from .state import STATE_FILE, read_state
@@ -122,10 +123,13 @@ class SuiteRuns:
         for k in done:
             self.load_run(k, state.get("processes", {}))
         kept = {f"run-{k}" for k in done} | {f"run-{k}.log" for k in done} | {"shared"}
-        for entry in self.raw.iterdir():  # replays of the interrupted sweep: redone
+        replays = self.host.journal.labels()  # finished replays: served, not redone
+        kept |= replays | {f"{label}.log" for label in replays} | {JOURNAL_FILE, "replays"}
+        for entry in self.raw.iterdir():  # what the interrupt cut off: redone
             if entry.name not in kept and entry.name != "collected.json":
                 shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
-        self.store.note(f"resumed: {len(done)} of {self.options.runs} runs from the sweep before")
+        self.store.note(f"resumed: {len(done)} of {self.options.runs} runs and "
+                        f"{len(replays)} finished replays from the sweep before")  # fmt: skip
 
     def load_run(self, k: int, facts: Mapping[str, Any]) -> None:
         """Suite run k from its records in raw/ (a resumed sweep's, or a shard's copied in)."""

@@ -226,6 +226,21 @@ def test_env_leak_is_recorded_only_when_not_restored(
     assert leaks == {"test_leaks": {"CAPSAFE_PLANTED_LEAK": [None, "1"]}}
 
 
+def test_every_variable_is_watched_with_a_star(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    # The sweep's alone run of every test watches them all: a test that leaves any variable
+    # set is a candidate polluter (issue 24: accessify's DISABLE_ACCESSIFY).
+    pytester.makepyfile(test_env='import os\ndef test_x(): os.environ["PLANTED_ANY"] = "1"\n')
+    try:
+        pytester.runpytest("-p", "no:xdist", f"--capsafe-records={tmp_path}",
+                           "--capsafe-watch-env=*").assert_outcomes(passed=1)  # fmt: skip
+    finally:
+        import os
+
+        os.environ.pop("PLANTED_ANY", None)
+    (row,) = [r for r in rows_by_phase(tmp_path, "teardown") if "env-leak" in r["signals"]]
+    assert row["env_leak"] == {"PLANTED_ANY": [None, "1"]}
+
+
 def test_signals_come_from_failure_text_and_exception_types(
     pytester: pytest.Pytester, tmp_path: Path
 ) -> None:

@@ -34,9 +34,10 @@ def collect(suite: Path) -> list[str]:
 
 def test_every_defect_has_a_suite() -> None:
     assert set(NAMES) == {
-        "brittle", "capture", "capture_leak", "capture_library_error", "capture_polluter",
-        "cleaners", "crash", "cuda_core_capture", "flaky",
-        "frozen_config", "hang", "leftover_file", "neighbour_state", "ordinary", "polluter",
+        "brittle", "brittle_setters", "capture", "capture_leak", "capture_library_error",
+        "capture_polluter", "cleaners", "crash", "cuda_core_capture", "flaky",
+        "frozen_config", "hang", "hidden_victims", "leftover_file", "neighbour_state",
+        "ordinary", "polluter",
     }  # fmt: skip
 
 

@@ -391,7 +391,11 @@ def test_a_test_failing_every_run_is_rerun_alone_once_per_rerun(tmp_path: Path) 
     sweep(str(suite), "--runs", "2", "--workers", "2", "--out", str(out), *FAST, cwd=tmp_path)
     test = by_id(summary_of(out))["test_x.py::test_always"]
     assert (test["classification"], test["isolation_failures"]) == ("fail", 3), test
-    assert len(list((out / "raw").glob("alone-*.log"))) == 3
+    replays = [p.read_text() for p in (out / "raw" / "replays").glob("alone-*.txt")]
+    assert sum("test_always" in r for r in replays) == 3
+    # The test that passed every run is run alone once (issue 24), and no more.
+    assert sum("test_fine" in r for r in replays) == 1
+    assert by_id(summary_of(out))["test_y.py::test_fine"]["isolation_runs"] == 1
 
 
 def test_a_failure_the_budget_left_unrerun_is_unverified(tmp_path: Path) -> None:

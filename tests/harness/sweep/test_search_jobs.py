@@ -1,0 +1,217 @@
+"""The cause searches over a fake host that replays a model of shared state (issue 24,
+issue 20, issue 21): which tests get a search, a cause tried on the next victim first, and
+a verified cause replayed directly before every other test, past the cleaners."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any, cast
+
+from capsafe_harness.records import Signal
+from capsafe_harness.sweep.capture_sweep import CapturePhases
+from capsafe_harness.sweep.host import Replayed
+from capsafe_harness.sweep.searches import Searches
+from capsafe_harness.sweep.store import EvidenceStore
+from capsafe_harness.verdicts.fold import Attempt
+
+P = "config/test_config.py::test_pollute"
+V1, V2 = "a/test_a.py::test_v1", "b/test_b.py::test_v2"
+CLEAN = "c/test_c.py::TestClean::test_clean"  # its teardown restores the state
+V3 = "c/test_c.py::test_v3"  # after the cleaners of its own module: no module screen shows it
+SETTER, BRITTLE = "d/test_d.py::test_set", "e/test_e.py::test_brittle"
+PADS = [f"f/test_f.py::test_pad{i}" for i in range(4)]
+COLLECTED = (V1, V2, CLEAN, V3, P, SETTER, BRITTLE, *PADS)
+
+
+def outcomes(sequence: Sequence[str]) -> dict[str, bool]:
+    """Did each test fail, run in this order in one process? P pollutes, CLEAN restores,
+    the V tests fail when polluted; SETTER sets what BRITTLE needs."""
+    polluted, loaded = False, False
+    failed: dict[str, bool] = {}
+    for test in sequence:
+        failed[test] = failed.get(test, False) or (
+            (test in (V1, V2, V3) and polluted) or (test == BRITTLE and not loaded)
+        )
+        polluted = (polluted or test == P) and test != CLEAN
+        loaded = loaded or test == SETTER
+    return failed
+
+
+Model = Callable[[Sequence[str]], dict[str, bool]]
+
+
+def attempt(nodeid: str, failed: bool, run: str, index: int) -> Attempt:
+    return Attempt(nodeid, run, failed, frozenset(), "main", 1, index, float(index), 1, "")
+
+
+class ModelHost:
+    """Replays sequences through `outcomes`, one job at a time, and keeps what it was asked."""
+
+    def __init__(self, model: Model = outcomes) -> None:
+        self.model = model
+        self.asked: list[tuple[str, tuple[str, ...]]] = []
+        self.notes: list[str] = []
+
+    def replay(
+        self, sequence: Sequence[str], *, seed: int | None, kind: str,
+        extra: Sequence[str] = (), exclusive: bool = False, group: object = None,
+    ) -> Replayed:  # fmt: skip
+        self.asked.append((kind, tuple(sequence)))
+        label = f"{kind}-{len(self.asked)}"
+        done = self.model(sequence).items()
+        found = {n: attempt(n, f, label, i) for i, (n, f) in enumerate(done)}
+        return Replayed(label, found, 0, True, Path("log"))
+
+    def pool(
+        self, desc: str, jobs: Sequence[Any], work: Callable[[Any, int], list[Any]],
+        target: Callable[[Any], str | None] | None = None,
+    ) -> None:  # fmt: skip
+        queue = list(jobs)
+        while queue:
+            queue += work(queue.pop(0), 0)
+
+    def only(self) -> AbstractContextManager[object]:
+        return nullcontext(object())
+
+    def budget_left(self) -> bool:
+        return True
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+
+def store_after_runs(
+    tmp_path: Path, runs: Sequence[Sequence[str]], model: Model = outcomes,
+    collected: tuple[str, ...] = COLLECTED,
+) -> EvidenceStore:  # fmt: skip
+    """The store as the suite runs and the alone reruns (3 each, as the model says) left it."""
+    store = EvidenceStore(tmp_path, 60.0)
+    store.collected = collected
+    for k, sequence in enumerate(runs, 1):
+        run_id = f"run-{k}"
+        store.run_ids.append(run_id)
+        store.seeds.append(k)
+        for i, (nodeid, failed) in enumerate(model(sequence).items()):
+            store.run_attempts[(run_id, nodeid)] = attempt(nodeid, failed, run_id, i)
+            ev = store.ev(nodeid)
+            ev.runs += 1
+            ev.failures += failed
+    for nodeid in collected:
+        ev = store.ev(nodeid)
+        ev.isolation_runs = 3
+        ev.isolation_failures = 3 * model([nodeid])[nodeid]
+    return store
+
+
+class NoParallel:
+    def check(self, nodeid: str) -> None:
+        pass
+
+
+def searches_over(store: EvidenceStore, host: ModelHost) -> Searches:
+    nothing = cast(Any, None)  # the alone reruns are done: verification needs no more
+    capture = CapturePhases(0, store=store.evidence)
+    return Searches(host, store, capture, nothing, cast(Any, NoParallel()))
+
+
+def test_a_test_failing_only_alone_gets_a_state_setter_search(tmp_path: Path) -> None:
+    # BRITTLE passed in every suite run (SETTER ran before it) and failed every rerun alone:
+    # the alone run every test gets shows it, and its state-setter is searched.
+    store = store_after_runs(tmp_path, [[SETTER, BRITTLE, *PADS], [P, SETTER, *PADS, BRITTLE]])
+    assert store.ev(BRITTLE).failures == 0
+    searches = searches_over(store, host := ModelHost())
+    assert ("state-setter", BRITTLE) in searches.jobs()
+    searches.run()
+    assert store.ev(BRITTLE).state_setters == [SETTER]
+    assert not [a for a in host.asked if a[1][-1] != BRITTLE and BRITTLE not in a[1]]
+
+
+def test_a_test_that_never_passed_replays_only_the_projects_order(tmp_path: Path) -> None:
+    # Issue 20: failed every suite run and every rerun alone. No order the sweep ran lets it
+    # pass, so no search: one replay of the project's own order (which here does not pass).
+    store = store_after_runs(tmp_path, [[BRITTLE, SETTER], [BRITTLE, *PADS]])
+    store.collected = (*PADS, BRITTLE, SETTER)  # the project's order
+    searches = searches_over(store, host := ModelHost())
+    assert searches.jobs() == [("state-setter", BRITTLE)]
+    searches.run()
+    assert host.asked == [("replay", (*PADS, BRITTLE))]
+    assert store.ev(BRITTLE).state_setters == []
+
+
+def test_a_cause_found_once_is_tried_on_the_next_victim_before_any_search(
+    tmp_path: Path,
+) -> None:
+    # Issue 21: V1 and V2 both failed after P. V1's search finds and verifies P; V2's search
+    # then asks P alone before V2 first, and that one replay (then verification) settles it.
+    store = store_after_runs(tmp_path, [[*PADS[:2], P, V1, *PADS[2:]], [PADS[0], P, PADS[1], V2]])
+    searches = searches_over(store, host := ModelHost())
+    searches.run()
+    assert store.ev(V1).polluters == store.ev(V2).polluters == [P]
+    v2_asked = [seq for kind, seq in host.asked if seq[-1] == V2 and kind == "replay"]
+    assert v2_asked[0] == (P, V2), v2_asked
+    (v2_search,) = [s for s in store.searches if s.victim == V2]
+    assert v2_search.replays == 1
+
+
+def test_a_verified_polluter_is_replayed_before_every_test_past_the_cleaners(
+    tmp_path: Path,
+) -> None:
+    # V3 never failed in a run: CLEAN (its own module's cleaner, first in the module) always
+    # ran between P and it. Screening P before V3's module runs CLEAN first too, so only P
+    # replayed directly before each test in turn (`P X1 P X2 ...`) shows it.
+    store = store_after_runs(tmp_path, [[P, V1, CLEAN, V3, *PADS], [P, CLEAN, *PADS, V3]])
+    assert store.ev(V3).failures == 0
+    searches = searches_over(store, host := ModelHost())
+    searches.run()
+    assert store.ev(V3).polluters == [P]
+    (pairs,) = [seq for kind, seq in host.asked if kind == "pairs"]
+    assert pairs[0::2] == (P,) * (len(pairs) // 2) and V3 in pairs[1::2]
+    wrong = [n for n in COLLECTED if store.ev(n).polluters and n not in (V1, V2, V3)]
+    assert not wrong
+
+
+A, B = "u/test_utils.py::test_a", "u/test_utils.py::test_b"  # either, then M, pollutes
+M = "d/test_dt.py::test_m"
+W = "v/test_v.py::test_w"
+
+
+def mirrored(sequence: Sequence[str]) -> dict[str, bool]:
+    """freezegun's test_utils pair: A or B, then M, pollutes; W fails when polluted, and so
+    does each of A and B when the other one, then M, ran before it."""
+    failed: dict[str, bool] = {}
+    for k, test in enumerate(sequence):
+        before = sequence[:k]
+        firsts = {t: before.index(t) for t in (A, B) if t in before}
+        m_after = {t for t, i in firsts.items() if M in before[i + 1 :]}
+        hit = bool(m_after - {test}) if test in (A, B) else bool(m_after) and test == W
+        failed[test] = failed.get(test, False) or hit
+    return failed
+
+
+def test_a_polluter_is_tried_as_its_module_mirrors_victim(tmp_path: Path) -> None:
+    # W fails after A + M. B, A's module sibling, is a victim of A + M too (pair screen), and
+    # A a victim of B + M: with A in the cause, neither screen puts A after a cause; the
+    # cause with A replaced by B does.
+    collected = (A, B, M, W, *PADS)
+    store = store_after_runs(tmp_path, [[B, A, M, W, *PADS], [A, *PADS, W, M]], mirrored,
+                             collected)  # fmt: skip
+    assert (store.ev(A).failures, store.ev(B).failures, store.ev(W).failures) == (0, 0, 1)
+    searches_over(store, ModelHost(mirrored)).run()
+    assert store.ev(W).polluters == [A, M]
+    assert store.ev(B).polluters == [A, M]
+    assert store.ev(A).polluters == [B, M]
+
+
+def test_a_test_that_left_the_environment_changed_is_screened_as_a_polluter(
+    tmp_path: Path,
+) -> None:
+    # No victim failed in any run (a cleaner always ran between): nothing to search from. P's
+    # alone run showed it left a variable set, and that is enough to screen it.
+    store = store_after_runs(tmp_path, [[P, CLEAN, V1, V2, V3], [P, CLEAN, *PADS, V3]])
+    assert not [n for n in COLLECTED if store.ev(n).failures and n != BRITTLE]
+    store.ev(P).signals.add(Signal.ENV_LEAK)
+    searches_over(store, host := ModelHost()).run()
+    assert store.ev(V1).polluters == store.ev(V2).polluters == store.ev(V3).polluters == [P]
+    assert [kind for kind, _ in host.asked].count("pairs") == 1
