@@ -325,7 +325,7 @@ def test_nvidia_devices_open_without_a_loaded_driver_are_nvmls(
     proc = fake_proc(tmp_path, "7f00-7f01 r-xp 0 0:0 0 /usr/lib/libnvidia-ml.so.1\n",
                      ["/dev/nvidiactl", "/dev/nvidia-uvm"])  # fmt: skip
     monkeypatch.setattr(fork_checks, "PROC_SELF", proc)
-    assert fork_checks.cuda_in_use() is None
+    assert fork_checks._initialised_driver() is None  # the driver's part of cuda_in_use
 
 
 def test_a_driver_that_cannot_be_asked_leaves_the_open_device_to_decide(
