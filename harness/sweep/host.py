@@ -119,6 +119,7 @@ class SweepHost:
         self.started = started
         self._labels = 0
         self._lock = threading.Lock()
+        self.one_at_a_time = False  # every replay exclusive: the suite's processes collide
 
     def label(self, kind: str) -> str:
         """The next process label of `kind` ("alone-7"; a shard's: "alone-s2-7")."""
@@ -139,6 +140,7 @@ class SweepHost:
     ) -> Replayed:
         if self.runner.stopping.is_set():
             raise KeyboardInterrupt
+        exclusive = exclusive or (self.one_at_a_time and group is None)
         sequence = list(sequence)
         label = self.label(kind)
         raw = self.store.raw
