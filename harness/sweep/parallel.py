@@ -15,12 +15,13 @@ Then pair runs narrow its partner by group testing over the tests that overlappe
 together with no other process of the sweep alive. A collision of a few milliseconds
 needs time to happen, so the group's side repeats its tests for about PAIR_WINDOW_S (as
 the suite runs timed them) and the test's side repeats the test COVER times as long (as
-its repetitions alone timed it), stopping at its first failure; a test that fails
-repeated alone is run once. The likeliest candidate is tried alone first; a group
-beside which it fails is halved, the half that keeps it failing kept; a single
-candidate is named the one it collides with once it made it fail K times of K. The
-search stops there, or when no candidate is left, or after MAX_PAIR_RUNS pair runs for
-that test (the phase's own bound: no per-phase budget option exists yet).
+its repetitions timed it in one process with nothing beside it, one process for all
+such tests), stopping at its first failure; a test that fails repeated so is run once.
+The likeliest candidate is tried alone first; a group beside which it fails is halved,
+the half that keeps it failing kept; a single candidate is named the one it collides
+with once it made it fail K times of K. The search stops there, or when no candidate is
+left, or after MAX_PAIR_RUNS pair runs for that test (the phase's own bound: no
+per-phase budget option exists yet).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class ParallelCheck:
         self.store = store
         self._checked: set[str] = set()  # tests this phase decided on (either way)
         self.collided = False  # a test was found parallel-unsafe
+        self._per_repetition: dict[str, float] = {}  # seconds, for tests that repeat cleanly
 
     # -- which failures are collisions -----------------------------------------------
     def suspects(self) -> list[str]:
@@ -97,8 +99,10 @@ class ParallelCheck:
             key, targets = job
             if not targets or not self.host.budget_left():
                 return []
-            ran = self.host.replay(self._sequence_of(key), seed=self._seed_of(key),
-                                   kind="sequence", exclusive=True)  # fmt: skip
+            order = self._sequence_of(key)
+            order = order[: max(order.index(n) for n in targets) + 1]  # nothing after them
+            ran = self.host.replay(order, seed=self._seed_of(key), kind="sequence",
+                                   exclusive=True)  # fmt: skip
             with self.store.lock:
                 for nodeid in targets:
                     if ran.outcome(nodeid)[0] is False:
@@ -112,6 +116,7 @@ class ParallelCheck:
         for nodeid in unsafe:
             self._mark_unsafe(nodeid)
         self.collided |= bool(unsafe)
+        self._time_repetitions(unsafe)
         self.host.pool("pair runs", unsafe, self._partner_job)
         self._note_collisions(len(unsafe))
 
@@ -186,7 +191,7 @@ class ParallelCheck:
         pending = self.candidates(nodeid)
         if not pending:
             return
-        repeat = self._repeatable(nodeid)
+        repeat = self._per_repetition.get(nodeid)
         spent = 0
         group = pending[:1]
         while group and spent < MAX_PAIR_RUNS and self.host.budget_left():
@@ -230,19 +235,22 @@ class ParallelCheck:
         span = sum(self._duration(n) for n in tests)
         return max(1, min(MAX_REPEATS, math.ceil(PAIR_WINDOW_S / span)))
 
-    def _repeatable(self, nodeid: str) -> float | None:
-        """Seconds one repetition takes when it is repeated in one process with nothing
-        beside it and passes every time; None when it fails so (then a failure of its
-        repetitions beside a group would not be the group's doing) or runs long."""
-        times = self._times([nodeid])
-        if times == 1 or not self.host.budget_left():
-            return None
-        done = self.host.replay([nodeid] * times, seed=self._first_seed(nodeid), kind="repeat",
-                                extra=FIRST_FAILURE, exclusive=True)  # fmt: skip
-        attempt = done.attempts.get(nodeid)
-        if attempt is None or attempt.failed:
-            return None
-        return max(attempt.stop - attempt.start, 0.001) / times
+    def _time_repetitions(self, tests: Sequence[str]) -> None:
+        """One process, with nothing beside it, repeats each test in turn: a test that
+        passes every repetition gets its seconds per repetition; one that fails (then a
+        failure of its repetitions beside a group would not be the group's doing) is run
+        once in its pair runs."""
+        blocks = {n: self._times([n]) for n in tests}
+        blocks = {n: times for n, times in blocks.items() if times > 1}
+        if not blocks or not self.host.budget_left():
+            return
+        order = [n for n, times in blocks.items() for _ in range(times)]
+        done = self.host.replay(order, seed=self._first_seed(order[0]), kind="repeat",
+                                exclusive=True)  # fmt: skip
+        for nodeid, times in blocks.items():
+            attempt = done.attempts.get(nodeid)
+            if attempt is not None and not attempt.failed:
+                self._per_repetition[nodeid] = max(attempt.stop - attempt.start, 1e-3) / times
 
     def _first_seed(self, nodeid: str) -> int | None:
         return next((a.seed for a in self.store.run_attempts.values()
