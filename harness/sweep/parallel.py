@@ -61,6 +61,7 @@ class ParallelCheck:
         self.host = host
         self.store = store
         self._checked: set[str] = set()  # tests this phase decided on (either way)
+        self._ran = False
         self.collided = False  # a test was found parallel-unsafe
         self._per_repetition: dict[str, float] = {}  # seconds, for tests that repeat cleanly
 
@@ -87,6 +88,7 @@ class ParallelCheck:
     def run(self) -> None:
         """Decide every suspect (sequence replays), then find each parallel-unsafe test's
         partner (pair runs); note it at the top when most failures are collisions."""
+        self._ran = True
         suspects = [n for n in self.suspects() if n not in self._checked]
         self._checked.update(suspects)
         if not suspects:
@@ -121,11 +123,10 @@ class ParallelCheck:
         self._note_collisions(len(unsafe))
 
     def check(self, nodeid: str) -> None:
-        """The check for one test, when the phase has not decided it already (a test a
-        search met later): its failures' sequences replayed, then its pair runs."""
-        if nodeid in self._checked or nodeid not in self.suspects():
-            return
-        self.run()
+        """The phase, for a search that meets `nodeid` when the phase has not run (a sweep
+        runs it before the searches, so this is then nothing)."""
+        if not self._ran and nodeid not in self._checked:
+            self.run()
 
     # -- the sequence replays ---------------------------------------------------------
     def _sequence_jobs(self, suspects: Sequence[str]) -> list[tuple[ProcessKey, tuple[str, ...]]]:
