@@ -8,7 +8,8 @@ worker before it reports its collection), or, in a pair run the sweep starts to 
 partners (run id `beside-N`), the one other process of the pair, which may not have
 started yet but is sure to come. `meet(step)` returns once each of them has reached the
 same step or ended its session: no wall-clock limit; a partner that never comes is a
-hang, for the sweep's per-test timeout and the stall watchdog.
+hang, for the sweep's per-test timeout and the stall watchdog. The two processes of a
+pair meet first when they register, so neither is over before the other looks.
 """
 
 import os
@@ -43,6 +44,11 @@ def register(config):
     shutil.rmtree(mine, ignore_errors=True)  # a reused pid's markers
     os.makedirs(mine)
     _group = (directory, peers, name == "beside")
+    if name == "beside":
+        # Neither process of a pair ends before the other registered: a candidate that
+        # never meets anyone would otherwise be over before the test looks, and be taken
+        # for a pair tried before this one.
+        meet("registered")
 
 
 def register_once(config):
