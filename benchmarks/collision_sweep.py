@@ -10,6 +10,13 @@ partner, and last the wall-time ratio of the sweep to the plain run.
     python benchmarks/collision_sweep.py --suite /tmp/pyfs --paths fs/tests --runs 16 \
         --workers 2 --seed 1 --python /tmp/pyfs-venv/bin/python --limit-s 300
 
+python-fs (issue 21's case) is set up with the public repository at its commit, in a
+venv of its own with this checkout installed:
+
+    git clone https://github.com/chaosmail/python-fs /tmp/pyfs
+    git -C /tmp/pyfs checkout 2567922ced9387e327e65f3244caff3b7af35684
+    python -m venv /tmp/pyfs-venv && /tmp/pyfs-venv/bin/pip install -e '.[harness]'
+
 With no --runs the answer key's sweep options are used and its verdicts checked
 (classes, polluters, partners). Exit 0 when every check holds (the key, no search for a
 parallel-unsafe test, the ratio at most --limit, the wall time at most --limit-s), 1

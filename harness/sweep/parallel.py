@@ -99,6 +99,8 @@ class ParallelCheck:
 
         def sequence(job: tuple[ProcessKey, tuple[str, ...]], _: int) -> list[object]:
             key, targets = job
+            with self.store.lock:  # one that failed its order once is decided: order-dependent
+                targets = tuple(n for n in targets if n not in failed)
             if not targets or not self.host.budget_left():
                 return []
             order = self._sequence_of(key)

@@ -161,6 +161,7 @@ def test_a_failure_its_order_reproduces_goes_to_the_order_search(tmp_path: Path)
     check = ParallelCheck(options, host, store_with_collision(tmp_path, 4))
     check.run()
     assert check.store.ev(VICTIM).concurrent == [] and host.kinds["beside"] == 0
+    assert host.kinds["sequence"] == 1  # failing its order once decides it
     assert not check.store.explained(VICTIM)  # the polluter search takes it
 
 
