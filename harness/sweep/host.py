@@ -121,6 +121,7 @@ class SweepHost:
         self.journal = Journal(store.raw, resume=options.resume)  # finished replays, kept
         self._labels = self.journal.highest_label()  # a resumed sweep's labels follow on
         self._lock = threading.Lock()
+        self.one_at_a_time = False  # every replay exclusive: the suite's processes collide
 
     def label(self, kind: str) -> str:
         """The next process label of `kind` ("alone-7"; a shard's: "alone-s2-7")."""
@@ -141,6 +142,7 @@ class SweepHost:
     ) -> Replayed:
         if self.runner.stopping.is_set():
             raise KeyboardInterrupt
+        exclusive = exclusive or (self.one_at_a_time and group is None)
         sequence = list(sequence)
         raw = self.store.raw
         key = question(kind, seed, extra, exclusive, sequence)

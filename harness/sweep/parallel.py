@@ -1,16 +1,36 @@
-"""The parallel check of the search phase: is a failing test `parallel-unsafe`?
+"""Concurrency first: which failing tests are `parallel-unsafe`, and whom each collides with.
 
-A test that failed only beside other workers, and whose worker's sequence replayed in
-one process with no other process alive passes K times, failed because of what ran at
-the same time elsewhere. Each of the tests that overlapped it most is then started in
-its own process beside the test alone, with nothing else alive: one that makes it fail
-K times of K is the one it collides with.
+A suite whose xdist workers share a directory fails in collisions, and a polluter search
+over such a failure bisects an order that is not its cause (issue 24: 44 searches, two
+at the ddmin cap, 93 tests left flaky). So before any order search, this phase decides
+from the run records which failures happened only while another worker ran (each
+attempt's window counted from its first phase's own start: a collision during setup
+counts), and replays the order each of those tests failed in, in one process with no
+other process alive, K times: a test that passes them all is parallel-unsafe and never
+goes to a polluter search. The replays are batched: one replay of a worker's whole
+sequence decides every suspect that failed in it.
+
+Then pair runs narrow its partner by group testing over the tests that overlapped it
+(issue 21): the test in one process and a group of candidates in another, started
+together with no other process of the sweep alive. A collision of a few milliseconds
+needs time to happen, so the group's side repeats its tests for about PAIR_WINDOW_S (as
+the suite runs timed them) and the test's side repeats the test COVER times as long (as
+its repetitions timed it in one process with nothing beside it, one process for all
+such tests), stopping at its first failure; a test that fails repeated so is run once.
+The likeliest candidate is tried alone first; a group beside which it fails is halved,
+the half that keeps it failing kept; a single candidate is named the one it collides
+with once it made it fail K times of K. The search stops there, or when no candidate is
+left, or after MAX_PAIR_RUNS pair runs for that test (the phase's own bound: no
+per-phase budget option exists yet).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import math
+import statistics
 from collections import Counter
+from collections.abc import Sequence
 
 from ..verdicts import fold
 from ..verdicts.evidence import VERIFY_TIMES
@@ -18,65 +38,251 @@ from .host import Host
 from .options import SweepOptions
 from .store import EvidenceStore
 
-MAX_BESIDE = 4  # concurrent tests a parallel-unsafe test is run beside, most overlapping first
+MAX_CANDIDATES = 16  # tests a pair search narrows over, most overlapping first
+MAX_PAIR_RUNS = 12  # pair runs (two processes each) one parallel-unsafe test may spend
+PAIR_WINDOW_S = 0.2  # how long the candidates' side of a pair run keeps repeating them
+MAX_REPEATS = 100  # at most so many rounds of the candidates in one pair run
+COVER = 1.5  # the test's side lasts this many times the candidates' (as the runs timed them)
+MAX_VICTIM_REPEATS = 300  # at most so many repetitions of the test in one pair run
+
+FIRST_FAILURE = ("-x",)  # the test's side stops at its first failure: that decides the pair run
+ProcessKey = tuple[str, str, int]  # (run id, worker, pid): one suite-run process
+
+
+def _process(attempt: fold.Attempt) -> ProcessKey:
+    return attempt.run_id, attempt.worker, attempt.pid
 
 
 class ParallelCheck:
-    """The parallel-unsafe check of one sweep, through its host, into its store."""
+    """The parallel-unsafe phase of one sweep, through its host, into its store."""
 
     def __init__(self, options: SweepOptions, host: Host, store: EvidenceStore) -> None:
         self.options = options
         self.host = host
         self.store = store
+        self._checked: set[str] = set()  # tests this phase decided on (either way)
+        self._ran = False
+        self.collided = False  # a test was found parallel-unsafe
+        self._per_repetition: dict[str, float] = {}  # seconds, for tests that repeat cleanly
+
+    # -- which failures are collisions -----------------------------------------------
+    def suspects(self) -> list[str]:
+        """Tests that failed in the suite runs, never alone and never in a capture of their
+        own, each of whose failing attempts overlapped a test of another worker."""
+        if self.options.workers < 2:
+            return []
+        every = self.store.run_attempts
+        failing: dict[str, list[fold.Attempt]] = {}
+        for attempt in every.values():
+            if attempt.failed:
+                failing.setdefault(attempt.nodeid, []).append(attempt)
+        found = []
+        for nodeid, fails in sorted(failing.items()):
+            ev = self.store.ev(nodeid)
+            if ev.ever_failed_alone or not ev.isolation_runs or ev.capture.suspect:
+                continue
+            if all(fold.concurrent_with(every, a) for a in fails):
+                found.append(nodeid)
+        return found
+
+    def run(self) -> None:
+        """Decide every suspect (sequence replays), then find each parallel-unsafe test's
+        partner (pair runs); note it at the top when most failures are collisions."""
+        self._ran = True
+        suspects = [n for n in self.suspects() if n not in self._checked]
+        self._checked.update(suspects)
+        if not suspects:
+            return
+        replays = self._sequence_jobs(suspects)
+        passed: Counter[str] = Counter()
+        failed: set[str] = set()
+
+        def sequence(job: tuple[ProcessKey, tuple[str, ...]], _: int) -> list[object]:
+            key, targets = job
+            with self.store.lock:  # one that failed its order once is decided: order-dependent
+                targets = tuple(n for n in targets if n not in failed)
+            if not targets or not self.host.budget_left():
+                return []
+            order = self._sequence_of(key)
+            order = order[: max(order.index(n) for n in targets) + 1]  # nothing after them
+            ran = self.host.replay(order, seed=self._seed_of(key), kind="sequence",
+                                   exclusive=True)  # fmt: skip
+            with self.store.lock:
+                for nodeid in targets:
+                    if ran.outcome(nodeid)[0] is False:
+                        passed[nodeid] += 1
+                    else:
+                        failed.add(nodeid)
+            return []
+
+        self.host.pool("parallel checks", replays, sequence, target=lambda job: None)
+        unsafe = [n for n in suspects if n not in failed and passed[n] >= VERIFY_TIMES]
+        for nodeid in unsafe:
+            self._mark_unsafe(nodeid)
+        self.collided |= bool(unsafe)
+        self._time_repetitions(unsafe)
+        self.host.pool("pair runs", unsafe, self._partner_job)
+        self._note_collisions(len(unsafe))
 
     def check(self, nodeid: str) -> None:
-        """parallel-unsafe: it failed only beside other workers, and its worker's sequence
-        replayed in one process with no other process alive passes K times."""
+        """The phase, for a search that meets `nodeid` when the phase has not run (a sweep
+        runs it before the searches, so this is then nothing)."""
+        if not self._ran and nodeid not in self._checked:
+            self.run()
+
+    # -- the sequence replays ---------------------------------------------------------
+    def _sequence_jobs(self, suspects: Sequence[str]) -> list[tuple[ProcessKey, tuple[str, ...]]]:
+        """(process, the suspects it decides) for K rounds: a suspect's k-th replay is of
+        the process of its (k mod n)-th failing attempt, so up to K of its failing orders
+        are replayed; suspects failing in one process share its replays."""
         every = self.store.run_attempts
-        fails = [a for a in every.values() if a.nodeid == nodeid and a.failed]
-        beside = [(a, fold.concurrent_with(every, a)) for a in fails]
-        if self.options.workers < 2 or not fails or not all(others for _, others in beside):
-            return
-        ev = self.store.ev(nodeid)
-        if ev.ever_failed_alone:
-            return
-        first = fails[0]
-        sequence = [*fold.process_sequence(every, first), nodeid]
-        for _ in range(VERIFY_TIMES):
-            if not self.host.budget_left():
-                return
-            done = self.host.replay(sequence, seed=first.seed, kind="sequence", exclusive=True)
-            failed, _ = done.outcome(nodeid)
-            if failed is not False:
-                return
-        common = set.intersection(*(set(others) for _, others in beside))
+        run_ids = self.store.run_ids
+        rounds: list[dict[ProcessKey, list[str]]] = [{} for _ in range(VERIFY_TIMES)]
+        for nodeid in suspects:
+            fails = sorted((a for a in every.values() if a.nodeid == nodeid and a.failed),
+                           key=lambda a: run_ids.index(a.run_id))  # fmt: skip
+            for k in range(VERIFY_TIMES):
+                key = _process(fails[k % len(fails)])
+                rounds[k].setdefault(key, []).append(nodeid)
+        return [(key, tuple(tests)) for r in rounds for key, tests in r.items()]
+
+    def _sequence_of(self, key: ProcessKey) -> list[str]:
+        """Every test the suite-run process `key` ran, in its order."""
+        mine = [a for a in self.store.run_attempts.values() if _process(a) == key]
+        return [a.nodeid for a in sorted(mine, key=lambda a: a.index)]
+
+    def _seed_of(self, key: ProcessKey) -> int | None:
+        return next((a.seed for a in self.store.run_attempts.values() if _process(a) == key),
+                    None)  # fmt: skip
+
+    def _mark_unsafe(self, nodeid: str) -> None:
+        """List the tests that ran beside its failures: those common to every failing run,
+        else all of them."""
+        every = self.store.run_attempts
+        beside = [set(fold.concurrent_with(every, a)) for a in every.values()
+                  if a.nodeid == nodeid and a.failed]  # fmt: skip
+        common = set.intersection(*beside)
         with self.store.lock:
-            ev.concurrent = sorted(common) or sorted({n for _, o in beside for n in o})
-        overlaps = Counter(n for _, others in beside for n in others)
-        candidates = sorted(ev.concurrent, key=lambda n: -overlaps[n])[:MAX_BESIDE]
-        partner = self._collision(nodeid, first.seed, candidates)
-        if partner is not None:
-            with self.store.lock:
-                ev.collides_with = [partner]
+            self.store.ev(nodeid).concurrent = sorted(common or set.union(*beside))
 
-    def _collision(self, nodeid: str, seed: int | None, candidates: list[str]) -> str | None:
-        """The candidate that, started in its own process together with `nodeid` alone,
-        makes it fail K times of K (one pair run screens a candidate); None if none does."""
-        for partner in candidates:
-            failed = 0
-            while failed < VERIFY_TIMES and self.host.budget_left():
-                if self._beside(nodeid, partner, seed) is not True:
+    # -- the pair runs ------------------------------------------------------------------
+    def candidates(self, nodeid: str) -> list[str]:
+        """The tests that overlapped its failing attempts, most likely partner first: in
+        the most failing attempts, then with the longest overlap."""
+        every = self.store.run_attempts
+        count: Counter[str] = Counter()
+        overlap: Counter[str] = Counter()
+        for victim in (a for a in every.values() if a.nodeid == nodeid and a.failed):
+            for other in every.values():
+                if (other.run_id == victim.run_id and other.worker != victim.worker
+                        and other.nodeid != nodeid and other.start < victim.stop
+                        and victim.start < other.stop):  # fmt: skip
+                    count[other.nodeid] += 1
+                    both = min(other.stop, victim.stop) - max(other.start, victim.start)
+                    overlap[other.nodeid] += int(both * 1e6)
+        ranked = sorted(count, key=lambda n: (-count[n], -overlap[n], n))
+        return ranked[:MAX_CANDIDATES]
+
+    def _partner_job(self, nodeid: str, _: int) -> list[object]:
+        self._partner(nodeid)
+        return []
+
+    def _partner(self, nodeid: str) -> None:
+        """Group testing over its candidates until one is confirmed K of K, none is left,
+        or MAX_PAIR_RUNS pair runs are spent. The likeliest candidate is tried alone first
+        (one pair run, where group testing would spend log2 n)."""
+        pending = self.candidates(nodeid)
+        if not pending:
+            return
+        repeat = self._per_repetition.get(nodeid)
+        spent = 0
+        group = pending[:1]
+        while group and spent < MAX_PAIR_RUNS and self.host.budget_left():
+            spent += 1
+            if not self._beside(nodeid, group, repeat):
+                if len(group) == len(pending):
+                    return  # none of those left makes it fail: the candidates are exhausted
+                pending = pending[len(group) :]
+                group = pending
+                continue
+            hits = 1
+            while len(group) > 1 and spent < MAX_PAIR_RUNS and self.host.budget_left():
+                half, rest = group[: len(group) // 2], group[len(group) // 2 :]
+                spent += 1
+                group, hits = (half, 1) if self._beside(nodeid, half, repeat) else (rest, 0)
+            if len(group) > 1:
+                return
+            partner = group[0]
+            while hits < VERIFY_TIMES:
+                if spent >= MAX_PAIR_RUNS or not self.host.budget_left():
+                    return
+                spent += 1
+                if not self._beside(nodeid, [partner], repeat):
                     break
-                failed += 1
-            if failed == VERIFY_TIMES:
-                return partner
-        return None
+                hits += 1
+            if hits >= VERIFY_TIMES:
+                with self.store.lock:
+                    self.store.ev(nodeid).collides_with = [partner]
+                return
+            pending.remove(partner)
+            group = pending
 
-    def _beside(self, nodeid: str, partner: str, seed: int | None) -> bool | None:
-        """Did `nodeid` fail, run alone in one process while `partner` ran in another, and
-        no other process of the sweep ran?"""
-        with self.host.only() as group, concurrent.futures.ThreadPoolExecutor(1) as pair:
-            other = pair.submit(self.host.replay, [partner], seed=seed, kind="beside", group=group)
-            done = self.host.replay([nodeid], seed=seed, kind="beside", group=group)
+    def _duration(self, nodeid: str) -> float:
+        """Its median time from setup's start to teardown's end in the suite runs."""
+        spans = [a.stop - a.start for a in self.store.run_attempts.values()
+                 if a.nodeid == nodeid and a.stop > a.start]  # fmt: skip
+        return max(statistics.median(spans), 0.001) if spans else PAIR_WINDOW_S
+
+    def _times(self, tests: Sequence[str]) -> int:
+        """How many times a side runs `tests` so that it lasts about PAIR_WINDOW_S."""
+        span = sum(self._duration(n) for n in tests)
+        return max(1, min(MAX_REPEATS, math.ceil(PAIR_WINDOW_S / span)))
+
+    def _time_repetitions(self, tests: Sequence[str]) -> None:
+        """One process, with nothing beside it, repeats each test in turn: a test that
+        passes every repetition gets its seconds per repetition; one that fails (then a
+        failure of its repetitions beside a group would not be the group's doing) is run
+        once in its pair runs."""
+        blocks = {n: self._times([n]) for n in tests}
+        blocks = {n: times for n, times in blocks.items() if times > 1}
+        if not blocks or not self.host.budget_left():
+            return
+        order = [n for n, times in blocks.items() for _ in range(times)]
+        done = self.host.replay(order, seed=self._first_seed(order[0]), kind="repeat",
+                                exclusive=True)  # fmt: skip
+        for nodeid, times in blocks.items():
+            attempt = done.attempts.get(nodeid)
+            if attempt is not None and not attempt.failed:
+                self._per_repetition[nodeid] = max(attempt.stop - attempt.start, 1e-3) / times
+
+    def _first_seed(self, nodeid: str) -> int | None:
+        return next((a.seed for a in self.store.run_attempts.values()
+                     if a.nodeid == nodeid and a.failed), None)  # fmt: skip
+
+    def _beside(self, nodeid: str, group: Sequence[str], repeat: float | None) -> bool:
+        """Did `nodeid` fail, run (repeated) in one process while `group` ran (repeated)
+        in another, started together with no other process of the sweep alive?"""
+        seed = self._first_seed(nodeid)
+        rounds = self._times(group)
+        others = list(group) * rounds
+        span = rounds * sum(self._duration(n) for n in group)  # its side, as the runs timed it
+        times = 1 if repeat is None else math.ceil(COVER * span / repeat)
+        mine = [nodeid] * max(1, min(MAX_VICTIM_REPEATS, times))
+        with self.host.only() as token, concurrent.futures.ThreadPoolExecutor(1) as pair:
+            other = pair.submit(self.host.replay, others, seed=seed, kind="beside", group=token)
+            done = self.host.replay(mine, seed=seed, kind="beside", extra=FIRST_FAILURE,
+                                    group=token)  # fmt: skip
             other.result()
-        return done.outcome(nodeid)[0]
+        return done.outcome(nodeid)[0] is True
+
+    # -- the report's first line ----------------------------------------------------------
+    def _note_collisions(self, collisions: int) -> None:
+        """A suite where most failing tests only collided says so first: its order search
+        is better run without xdist."""
+        failing = sum(1 for ev in self.store.evidence.values() if ev.failures)
+        if collisions and 2 * collisions > failing:
+            line = (f"{collisions} of {failing} failing tests failed only in collisions "
+                    "between workers (parallel-unsafe: a sequential replay of the same order "
+                    "passes); run the order search with `--workers 0`")  # fmt: skip
+            with self.store.lock:
+                self.store.notes.insert(0, line)

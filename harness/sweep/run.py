@@ -7,9 +7,11 @@ evidence into verdicts (harness.verdicts) and hands the typed `Summary` to the r
 0-1. collection and the suite runs (harness.sweep.runs);
 2. isolation: every failing test alone (harness.sweep.isolation), with the capture
    reruns and attribution (harness.sweep.capture_sweep);
-3. searches: polluters and state-setters (harness.sweep.searches), parallel-unsafe
-   tests (harness.sweep.parallel); every replay through the `Host` (harness.sweep.host);
-4. classification (harness.verdicts.catalogue) and reports (harness.report.render,
+3. parallel: failures that happened only beside another worker, and whom each collides
+   with (harness.sweep.parallel), before any order search;
+4. searches: polluters and state-setters (harness.sweep.searches); every replay through
+   the `Host` (harness.sweep.host);
+5. classification (harness.verdicts.catalogue) and reports (harness.report.render,
    harness.report.history).
 
 Ctrl-C (or SIGTERM, SIGHUP: harness.sweep.termination) and an exhausted --budget both stop new
@@ -86,8 +88,8 @@ class Sweep:
         self.host = SweepHost(options, self.runner, self.store, self.bar, self.started)
         self.suite_runs = SuiteRuns(options, self.host, self.store, self.capture, self.bar)
         self.isolation = Isolation(options, self.host, self.store, self.capture, self.runner.cwd)
-        parallel = ParallelCheck(options, self.host, self.store)
-        self.searches = Searches(self.host, self.store, self.capture, self.isolation, parallel)
+        self.parallel = ParallelCheck(options, self.host, self.store)
+        self.searches = Searches(self.host, self.store, self.capture, self.isolation, self.parallel)
         self.neighbors_problem = ""  # why neighbour threads could not start (exit 2)
         self.no_searches = SHARD_VIEW if options.shard else ""  # why searches are not run
         self.stopped = ""  # an interrupted sweep's headline: by what, and how much ran
@@ -130,14 +132,24 @@ class Sweep:
 
     def phases(self) -> list[tuple[str, Callable[[], None]]]:
         """The phases in order, each timed in phase_times (isolation holds the capture reruns
-        and attribution). A shard leaves the searches to the merge."""
+        and attribution). Collisions are sorted out before any order search (parallel).
+        A shard leaves both to the merge."""
         steps = [("collection", self.suite_runs.collect), ("runs", self.suite_runs.run),
                  ("isolation", self._isolation)]  # fmt: skip
-        return steps if self.no_searches else [*steps, ("searches", self.searches.run)]
+        if self.no_searches:
+            return steps
+        return [*steps, ("parallel", self._parallel), ("searches", self.searches.run)]
 
     def _isolation(self) -> None:
         self.isolation.run()
         self.suite_runs.write_state()
+
+    def _parallel(self) -> None:
+        """Collisions first; once one is confirmed, later replays run one at a time (two
+        replays at once would collide the same way, and a search would chase that)."""
+        self.parallel.run()
+        if self.parallel.collided:
+            self.host.one_at_a_time = True
 
     # -- verdicts and reports ------------------------------------------------
     def verdicts(self, *, stopped: bool = False) -> list[TestVerdict]:

@@ -36,7 +36,7 @@ class Attempt:
     worker: str
     pid: int
     index: int
-    start: float  # time of its first row: orders tests across processes
+    start: float  # when its first phase started: orders tests across processes
     seed: int | None
     message: str
     stop: float = 0.0  # when its last phase ended: with `start`, who ran at the same time
@@ -134,7 +134,7 @@ def _fold(rows: list[Record], died: RunOutcome | None) -> Attempt:
         worker=first["worker"],
         pid=first["pid"],
         index=first["index"],
-        start=min(r["time"] for r in rows),
+        start=min(float(r.get("start", r["time"])) for r in rows),  # setup's own start
         seed=first["seed"],
         message=message,
         stop=max(float(r.get("stop", r["time"])) for r in rows),

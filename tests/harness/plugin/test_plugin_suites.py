@@ -35,7 +35,7 @@ def collect(suite: Path) -> list[str]:
 def test_every_defect_has_a_suite() -> None:
     assert set(NAMES) == {
         "brittle", "brittle_setters", "capture", "capture_leak", "capture_library_error",
-        "capture_polluter", "cleaners", "crash", "cuda_core_capture", "flaky",
+        "capture_polluter", "cleaners", "collisions", "crash", "cuda_core_capture", "flaky",
         "frozen_config", "hang", "hidden_victims", "leftover_file", "neighbour_state",
         "ordinary", "polluter",
     }  # fmt: skip
@@ -55,6 +55,9 @@ def test_answer_key_names_collected_tests(name: str) -> None:
         assert set(expect["polluters"]) | set(expect["state_setters"]) <= set(ids) - {nodeid}
         assert bool(expect["polluters"]) == (expect["classification"] == "order-dependent")
         assert bool(expect["state_setters"]) == (expect["classification"] == "brittle")
+        partners = set(expect.get("collides_with", []))
+        assert partners <= set(ids) - {nodeid}
+        assert not partners or expect["classification"] == "parallel-unsafe"
 
 
 @pytest.mark.parametrize("name", ["polluter", "brittle", "frozen_config", "leftover_file"])

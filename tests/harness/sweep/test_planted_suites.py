@@ -1,10 +1,10 @@
 """The real sweep on every planted suite in repro/suites/, compared with its answer key.
 
 Each suite's answer_key.json names the tests that are not `pass`, their polluters,
-state-setters and signals, and the sweep options (runs, workers, seed, ...) the
-key was established with. Classifications, polluters and state-setters must
-match exactly; the key's signals must all be seen, and its `why_contains` words must
-all be in the verdict's cause.
+state-setters, partners it collides with and signals, and the sweep options (runs,
+workers, seed, ...) the key was established with. Classifications, polluters,
+state-setters and partners must match exactly; the key's signals must all be seen,
+and its `why_contains` words must all be in the verdict's cause.
 """
 
 from __future__ import annotations
@@ -51,9 +51,11 @@ def test_sweep_matches_the_answer_key(key_path: Path, tmp_path: Path) -> None:
     assert set(key["tests"]) <= set(found), "a keyed test never ran"
     for nodeid, test in found.items():
         want = key["tests"].get(nodeid, {"classification": key["default"]})
-        got = (test["classification"], test["polluters"], test["state_setters"])
+        got = (test["classification"], test["polluters"], test["state_setters"],
+               test["collides_with"])  # fmt: skip
         assert got == (want["classification"], want.get("polluters", []),
-                       want.get("state_setters", [])), nodeid  # fmt: skip
+                       want.get("state_setters", []),
+                       want.get("collides_with", [])), nodeid  # fmt: skip
         missing = set(want.get("signals", [])) - set(test["signals"])
         assert not missing, f"{nodeid}: signals {sorted(missing)} not seen"
         for words in want.get("why_contains", []):  # the cause, in the verdict's words

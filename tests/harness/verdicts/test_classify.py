@@ -115,6 +115,21 @@ def test_concurrent_tests_are_other_workers_overlapping_in_time() -> None:
     assert concurrent_with(every, every["run-1", "v"]) == ["during"]
 
 
+def test_a_collision_during_setup_counts_as_concurrent() -> None:
+    # The victim's setup ran from 1.0 to 2.0 (its row was written at 2.0) and failed there,
+    # while the other worker's test ran from 1.2 to 1.5: overlap counts from the phase's own
+    # start, not from when its row was written.
+    victim = full("v", worker="gw0", pid=1, time=2.0)
+    victim[0]["outcome"] = "failed"
+    rows = victim + full("during_setup", worker="gw1", pid=2, time=1.5)
+    for r in rows:
+        r["start"], r["stop"] = r["time"] - 0.3, r["time"]
+    victim[0]["start"] = 1.0
+    every = attempts(rows)
+    assert every["run-1", "v"].start == 1.0
+    assert concurrent_with(every, every["run-1", "v"]) == ["during_setup"]
+
+
 # ---------------------------------------------------------------- attempts
 
 

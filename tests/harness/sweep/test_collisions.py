@@ -1,0 +1,205 @@
+"""Concurrency first (issue 24) and pair runs that narrow (issue 21): harness.sweep.parallel.
+
+A failure that happened only beside another worker, and that a sequential replay of the
+same order does not reproduce, is parallel-unsafe and never sent to a polluter search;
+its partner is found by group testing over the tests that overlapped it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_sweep import FAST, by_id, summary_of, sweep
+
+from capsafe_harness.sweep.host import Replayed
+from capsafe_harness.sweep.options import SweepOptions
+from capsafe_harness.sweep.parallel import MAX_PAIR_RUNS, ParallelCheck
+from capsafe_harness.sweep.store import EvidenceStore
+from capsafe_harness.verdicts.evidence import VERIFY_TIMES
+from capsafe_harness.verdicts.fold import Attempt
+
+SUITES = Path(__file__).resolve().parents[3] / "repro" / "suites"
+VICTIM = "t.py::test_victim"
+
+
+def attempt(nodeid: str, run: str, worker: str, start: float, stop: float, *, failed: bool = False,
+            index: int = 0) -> Attempt:  # fmt: skip
+    return Attempt(nodeid, run, failed, frozenset(), worker, 1 if worker == "gw0" else 2, index,
+                   start, 7, "boom" if failed else "", stop=stop)  # fmt: skip
+
+
+class PairHost:
+    """A host on which the victim fails beside `partner` (in a pair run, or in a run with
+    it in another process) and passes in any single process: a collision."""
+
+    def __init__(self, partner: str | None) -> None:
+        self.partner = partner
+        self.kinds: Counter[str] = Counter()
+        self.groups: list[tuple[str, ...]] = []  # each pair run's candidates' side
+        self._pair: list[Sequence[str]] = []
+        self._victims = 0  # the test's sides of pair runs so far
+        self._cond = threading.Condition()
+        self.notes: list[str] = []
+
+    def replay(
+        self, sequence: Sequence[str], *, seed: int | None, kind: str,
+        extra: Sequence[str] = (), exclusive: bool = False, group: object = None,
+    ) -> Replayed:  # fmt: skip
+        with self._cond:
+            self.kinds[kind] += 1
+            beside: Sequence[str] = ()
+            if kind == "beside" and VICTIM not in sequence:
+                self.groups.append(tuple(dict.fromkeys(sequence)))
+                self._pair.append(sequence)
+                self._cond.notify_all()
+            elif kind == "beside":  # the other side of its pair run is started first
+                self._victims += 1
+                self._cond.wait_for(lambda: len(self._pair) >= self._victims, timeout=60)
+                beside = self._pair[self._victims - 1]
+        failed = self.partner is not None and self.partner in beside
+        found = {n: attempt(n, kind, "main", 0.0, 1.0, failed=failed and n == VICTIM)
+                 for n in sequence}  # fmt: skip
+        return Replayed(kind, found, 0, True, Path("log"))
+
+    def only(self) -> AbstractContextManager[object]:
+        return nullcontext(object())
+
+    def pool(
+        self, desc: str, jobs: Sequence[Any], work: Callable[[Any, int], list[Any]],
+        target: Callable[[Any], str | None] | None = None,
+    ) -> None:  # fmt: skip
+        queue = list(jobs)
+        while queue:
+            queue += work(queue.pop(0), 0)
+
+    def budget_left(self) -> bool:
+        return True
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+
+def store_with_collision(tmp_path: Path, others: int) -> EvidenceStore:
+    """Two runs in which the victim failed in gw0 while `others` tests ran in gw1, the
+    first of them overlapping it most (both runs), the rest less."""
+    store = EvidenceStore(tmp_path, 60.0)
+    for run in ("run-1", "run-2"):
+        store.run_ids.append(run)
+        found = [attempt(VICTIM, run, "gw0", 10.0, 20.0, failed=True)]
+        found += [attempt(f"t.py::test_{i}", run, "gw1", 10.0 + i, 11.0 + i, index=i)
+                  for i in range(others)]  # fmt: skip
+        for a in found:
+            store.run_attempts[(run, a.nodeid)] = a
+    ev = store.ev(VICTIM)
+    ev.runs, ev.failures, ev.isolation_runs = 2, 2, 3
+    return store
+
+
+def check_on(
+    tmp_path: Path, partner: str | None, others: int = 8
+) -> tuple[ParallelCheck, PairHost]:
+    host = PairHost(partner)
+    options = SweepOptions(paths=(tmp_path,), out=tmp_path, seed=1, workers=2)
+    return ParallelCheck(options, host, store_with_collision(tmp_path, others)), host
+
+
+def test_a_collision_is_parallel_unsafe_and_its_partner_is_narrowed_down(tmp_path: Path) -> None:
+    check, host = check_on(tmp_path, partner="t.py::test_5")
+    check.run()
+    ev = check.store.ev(VICTIM)
+    assert ev.concurrent and "t.py::test_5" in ev.concurrent
+    assert ev.collides_with == ["t.py::test_5"]
+    assert host.kinds["sequence"] == VERIFY_TIMES  # one replay of its order per round
+    # the likeliest alone, then the seven others, halved down to one, then K - 1 more
+    assert host.groups[0] == ("t.py::test_0",) and len(host.groups[1]) == 7
+    assert host.groups[-VERIFY_TIMES:] == [("t.py::test_5",)] * VERIFY_TIMES
+    assert host.kinds["beside"] == 2 * len(host.groups) <= 2 * (2 + 3 + VERIFY_TIMES)
+    assert check.collided and check.store.notes[0].startswith("1 of 1 failing tests failed only")
+
+
+def test_the_pair_search_stops_when_no_candidate_makes_it_fail(tmp_path: Path) -> None:
+    check, host = check_on(tmp_path, partner=None)
+    check.run()
+    ev = check.store.ev(VICTIM)
+    assert ev.concurrent and ev.collides_with == []
+    assert len(host.groups) == 2  # the likeliest alone, then all the others: exhausted
+
+
+def test_the_pair_runs_of_one_test_are_bounded(tmp_path: Path) -> None:
+    class Unsure(PairHost):  # fails beside any group holding test_0..3, never confirms one
+        def replay(self, sequence: Sequence[str], **kw: Any) -> Replayed:
+            done = super().replay(sequence, **kw)
+            if kw["kind"] == "beside" and VICTIM in sequence:
+                hit = len(self.groups) % 2 == 1
+                done.attempts[VICTIM] = attempt(VICTIM, "beside", "main", 0, 1, failed=hit)
+            return done
+
+    host = Unsure(None)
+    options = SweepOptions(paths=(tmp_path,), out=tmp_path, seed=1, workers=2)
+    check = ParallelCheck(options, host, store_with_collision(tmp_path, 16))
+    check.run()
+    assert len(host.groups) <= MAX_PAIR_RUNS
+
+
+def test_a_failure_its_order_reproduces_goes_to_the_order_search(tmp_path: Path) -> None:
+    class Ordered(PairHost):  # fails after what ran before it in its process
+        def replay(self, sequence: Sequence[str], **kw: Any) -> Replayed:
+            done = super().replay(sequence, **kw)
+            if kw["kind"] == "sequence":
+                done.attempts[VICTIM] = attempt(VICTIM, "sequence", "main", 0, 1, failed=True)
+            return done
+
+    host = Ordered("t.py::test_0")
+    options = SweepOptions(paths=(tmp_path,), out=tmp_path, seed=1, workers=2)
+    check = ParallelCheck(options, host, store_with_collision(tmp_path, 4))
+    check.run()
+    assert check.store.ev(VICTIM).concurrent == [] and host.kinds["beside"] == 0
+    assert host.kinds["sequence"] == 1  # failing its order once decides it
+    assert not check.store.explained(VICTIM)  # the polluter search takes it
+
+
+def test_a_failure_with_no_other_worker_running_is_no_suspect(tmp_path: Path) -> None:
+    store = store_with_collision(tmp_path, 0)
+    check = ParallelCheck(SweepOptions(paths=(tmp_path,), out=tmp_path, seed=1, workers=2),
+                          PairHost(None), store)  # fmt: skip
+    assert check.suspects() == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # a hang watchdog
+def test_the_planted_collisions_are_parallel_unsafe_with_no_order_search(tmp_path: Path) -> None:
+    suite = SUITES / "collisions"
+    key = json.loads((suite / "answer_key.json").read_text())
+    options = [f"--{k.replace('_', '-')}={v}" for k, v in key["sweep"].items()]
+    out = tmp_path / "o"
+    done = sweep(str(suite), *options, "--timeout", "10", "--out", str(out), *FAST,
+                 cwd=tmp_path, timeout=570)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    summary = summary_of(out)
+    tests = by_id(summary)
+    colliding = {n for n, t in key["tests"].items() if t["classification"] == "parallel-unsafe"}
+    for nodeid, want in key["tests"].items():
+        test = tests[nodeid]
+        assert test["classification"] == want["classification"], (test, done.stderr)
+        assert test["polluters"] == want["polluters"]
+        assert test["collides_with"] == want.get("collides_with", [])
+    # The processes of each phase, by what they ran last: the colliding tests were the
+    # target of sequence replays and pair runs, and of no search replay or verification.
+    processes = json.loads((out / "sweep.json").read_text())["processes"]
+    targets: Counter[str] = Counter()
+    for label in processes:
+        replay = out / "raw" / "replays" / f"{label}.txt"
+        if replay.is_file() and replay.read_text().split()[-1] in colliding:
+            targets[label.rsplit("-", 1)[0]] += 1
+    assert targets["replay"] == targets["verify"] == 0, targets
+    assert targets["sequence"] >= 1 and targets["beside"] >= 1, targets
+    assert not [s for s in summary["searches"] if s["victim"] in colliding]
+    assert "parallel" in summary["phase_times"]["sweep_s"]
+    assert summary["notes"][0].startswith("2 of 3 failing tests failed only in collisions")
