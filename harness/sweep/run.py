@@ -141,7 +141,7 @@ class Sweep:
         return [*steps, ("parallel", self._parallel), ("searches", self.searches.run)]
 
     def _isolation(self) -> None:
-        self.isolation.run()
+        self.isolation.run(suite_run_s=self.suite_runs.mean_wall)
         self.suite_runs.write_state()
 
     def _parallel(self) -> None:

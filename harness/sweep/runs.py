@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,12 @@ class SuiteRuns:
         self.capture = capture
         self.bar = bar
         self.raw = store.raw
+        self.walls: list[float] = []  # wall seconds of each suite run this sweep ran
+
+    @property
+    def mean_wall(self) -> float | None:
+        """Seconds a suite run took here, on average; None when none ran here (resumed)."""
+        return sum(self.walls) / len(self.walls) if self.walls else None
 
     def numbers(self) -> list[int]:
         """The suite runs (1-based) this sweep does: all of them, or a shard's share."""
@@ -105,11 +112,13 @@ class SuiteRuns:
                 self.runner.targets(), self.raw / run_id, run_id, seed=seed,
                 workers=o.workers, shuffle=shuffle,
             )  # fmt: skip
+            started = time.monotonic()
             try:
                 result = self.runner.run(run_id, cmd)
             except Interrupted as stop:
                 self._add_run(run_id, seed, shuffle, stop.result, finished=False)
                 raise
+            self.walls.append(time.monotonic() - started)
             self._check_ran(result)
             capture_sweep.check_started(self.raw / run_id)
             self._add_run(run_id, seed, shuffle, result)
