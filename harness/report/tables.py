@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -46,16 +47,20 @@ def outcomes_by_test(rows: Iterable[Record], ends: Iterable[fold.RunOutcome] = (
     distinct [variable, before, after] it left changed. `ends`: how the processes ended
     (a test its process died in failed, whatever its rows say).
     """
-    rows = list(rows)
-    frame = pd.DataFrame.from_records(
-        [{k: r.get(k) for k in _RECORD_COLUMNS} for r in rows], columns=list(_RECORD_COLUMNS)
-    )
+    said_rows = []  # only rows with a message or a leak: one pass, never every row at once
+    outcomes_of: dict[tuple[str, str], list[str]] = {}
+    for r in rows:
+        key = (sys.intern(r["run_id"]), sys.intern(r["nodeid"]))
+        outcomes_of.setdefault(key, []).append(r["outcome"])
+        if r.get("message") or r.get("env_leak"):
+            said_rows.append({k: r.get(k) for k in _RECORD_COLUMNS})
+    frame = pd.DataFrame.from_records(said_rows, columns=list(_RECORD_COLUMNS))
     columns = ["outcome", "outcomes", "message", "details", "env_leaks"]
-    folded = fold.attempts(rows, ends).values()
+    folded = fold.attempt_outcomes(outcomes_of, ends)
     if not folded:
         return pd.DataFrame(columns=columns).rename_axis("nodeid")
     frame["rank"] = frame["outcome"].map(_RANK).fillna(len(OUTCOMES) - 1).astype(int)
-    attempts = pd.DataFrame([{"nodeid": a.nodeid, "rank": _RANK[a.outcome]} for a in folded])
+    attempts = pd.DataFrame([{"nodeid": n, "rank": _RANK[o]} for (_, n), o in folded.items()])
     worst = attempts.groupby("nodeid", sort=False)["rank"].min()
     counts = attempts.groupby(["nodeid", "rank"], sort=False).size().sort_index(level=1)
     per_test: dict[str, dict[str, int]] = {}

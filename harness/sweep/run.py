@@ -200,17 +200,18 @@ class Sweep:
             counts={c: sum(t.classification == c for t in tests) for c in catalogue.CLASSES},
             searches=store.searches, notes=store.notes, ddmin_cap=search.DDMIN_CAP,
             verify_times=VERIFY_TIMES,
-            phase_times=phase_times.summary_times(self.clock, self.raw, store.rows),
+            phase_times=phase_times.summary_times(self.clock, self.raw, store.rows()),
             shard="" if o.shard is None else str(o.shard), suite_errors=store.suite_errors,
         )  # fmt: skip
-        every = fold.attempts(store.rows, store.ends)
-        summary.placement = placement.placement_section(every.values())
+        summary.placement = placement.placement_section(store.attempts())
         summary.gpu = gpu_report.gpu_section(
-            [t.__dict__ for t in tests], store.rows, capture_sweep.neighbor_summary(self.raw)
+            [t.__dict__ for t in tests], store.rows(), capture_sweep.neighbor_summary(self.raw)
         )
         past = self._history(tests) if o.shard is None else []  # the merge writes the history
         self.suite_runs.write_state()
-        write_reports(out, summary, store.rows, self._grid(), store.run_ids, past, ends=store.ends)
+        write_reports(
+            out, summary, store.rows(), self._grid(), store.run_ids, past, ends=store.ends
+        )
         if self.neighbors_problem:
             return SweepResult(summary, EXIT_USAGE, f"{self.neighbors_problem}; report: {out}")
         if o.shard is not None and store.collected and not interrupted:

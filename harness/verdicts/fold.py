@@ -16,7 +16,8 @@ what test processes wrote.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import sys
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..records import Outcome, Record, Signal, fold_outcome
@@ -111,6 +112,22 @@ def attempts(
     return found
 
 
+def attempt_outcomes(
+    outcomes: Mapping[tuple[str, str], Sequence[str]], ends: Iterable[RunOutcome] = ()
+) -> dict[tuple[str, str], Outcome]:
+    """What pytest said of each attempt (its `Attempt.outcome`) from its rows' outcomes
+    alone, per (run_id, nodeid): the report's outcome column, without folding every row."""
+    died = {(end.run_id, k.nodeid) for end in ends for k in end.killed}
+    found = {key: _outcome(said, key in died) for key, said in outcomes.items()}
+    return found | {key: _outcome((), True) for key in died - found.keys()}
+
+
+def _outcome(outcomes: Iterable[str], died: bool) -> Outcome:
+    """An attempt's outcome: the first of OUTCOMES among its phases'; failed if its process
+    died in it."""
+    return fold_outcome([*outcomes, "failed"] if died else outcomes)
+
+
 def _fold(rows: list[Record], died: RunOutcome | None) -> Attempt:
     # The test process's own rows know its position; the controller's crash row
     # may come from another pid, so prefer the rows that carry an index it ran at.
@@ -118,27 +135,25 @@ def _fold(rows: list[Record], died: RunOutcome | None) -> Attempt:
     first = min(own, key=lambda r: r["time"])
     failing = [r for r in rows if _failed(r)]
     signals = {s for r in rows for s in r["signals"]}
-    outcomes = [r["outcome"] for r in rows]
     message = next((r["message"] for r in failing if r["message"]), "")
     captures = [c for r in rows for c in r.get("captures", ())]
     marked = next((r["thread_unsafe"] for r in rows if "thread_unsafe" in r), None)
     if died is not None:  # its process ended while it ran
         signals.add(died.signal)
-        outcomes.append("failed")
         message = message or died.message
     return Attempt(
-        nodeid=first["nodeid"],
-        run_id=first["run_id"],
+        nodeid=sys.intern(first["nodeid"]),  # one string per test, not per run (memory)
+        run_id=sys.intern(first["run_id"]),
         failed=bool(failing) or died is not None,
         signals=frozenset(signals),
-        worker=first["worker"],
+        worker=sys.intern(first["worker"]),
         pid=first["pid"],
         index=first["index"],
         start=min(r["time"] for r in rows),
         seed=first["seed"],
         message=message,
         stop=max(float(r.get("stop", r["time"])) for r in rows),
-        outcome=fold_outcome(outcomes),
+        outcome=_outcome((r["outcome"] for r in rows), died is not None),
         gpu=next((r["gpu"] for r in rows if r.get("gpu")), ""),
         capture_sites=tuple(c["site"] for c in captures),
         left_open=tuple(c["site"] for c in captures if c["open"]),
