@@ -148,8 +148,7 @@ class SweepHost:
             self.runner.replay_targets(sequence), raw / label, label, seed=seed,
             workers=0, replay_file=replay_file, extra=extra,
         )  # fmt: skip
-        if self.bar.total is not None:
-            self.bar.total += len(sequence)
+        self.bar.add(len(sequence))
         result = self.runner.run(label, cmd, exclusive=exclusive, group=group, sequence=sequence)
         self.store.take(result)
         found = {a.nodeid: a for (run, _), a in result.attempts().items() if run == label}
@@ -177,6 +176,7 @@ class SweepHost:
     ) -> None:  # fmt: skip
         width = pool_width(self.options)
         queue = list(jobs)
+        self.bar.expect(len(queue))  # a test at least each, on the bar before they start
         started, skipped = 0, 0
         with concurrent.futures.ThreadPoolExecutor(width) as pool:
             pending: set[concurrent.futures.Future[list[Any]]] = set()
@@ -198,10 +198,13 @@ class SweepHost:
                         pending, timeout=0.2, return_when=concurrent.futures.FIRST_COMPLETED
                     )
                     for future in done:
-                        queue += future.result()
+                        more = future.result()
+                        self.bar.expect(len(more))
+                        queue += more
             except BaseException:
                 self.runner.kill_all()
                 for future in pending:
                     future.cancel()
                 raise
+        self.bar.release()
         self.skip_for_budget(desc, skipped)

@@ -26,14 +26,12 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from ..plugin import order, phase_times
 from ..records import Signal
@@ -49,6 +47,7 @@ from .host import SweepHost
 from .isolation import Isolation
 from .options import SweepOptions
 from .parallel import ParallelCheck
+from .progress import Progress
 from .runner import Runner
 from .runs import SuiteRuns
 from .searches import Searches
@@ -79,7 +78,7 @@ class Sweep:
         self.options = options
         self.started = time.monotonic()
         self.raw = options.out / "raw"
-        self.bar = _progress_bar(options.progress)
+        self.bar = Progress(options.progress)
         self.runner = Runner(options, self.raw, on_tests=self.bar.update)
         self.store = EvidenceStore(self.raw, options.stall_limit)
         self.capture = capture_sweep.CapturePhases(options.neighbors, store=self.store.evidence)
@@ -99,6 +98,7 @@ class Sweep:
             for name, phase in self.phases():
                 if name != "collection" and not self.store.collected:
                     break
+                self.bar.phase(name)
                 with self.clock.phase(name):
                     phase()
         except capture_sweep.NeighborsDidNotStart as exc:
@@ -271,13 +271,6 @@ def requested_backend() -> str:
     """CAPSAFE_BACKEND as the test processes inherit it (a suite's conftest may still pick
     another, as the planted capture suite does)."""
     return os.environ.get("CAPSAFE_BACKEND", "auto").strip().lower() or "auto"
-
-
-def _progress_bar(enabled: bool) -> Any:
-    from tqdm import tqdm  # type: ignore[import-untyped]
-
-    return tqdm(total=0, desc="capsafe sweep", unit="test", file=sys.stderr,
-                disable=not enabled, leave=False, dynamic_ncols=True)  # fmt: skip
 
 
 def _cell(attempt: fold.Attempt) -> str:
