@@ -119,6 +119,16 @@ class SweepHost:
         self.started = started
         self._labels = 0
         self._lock = threading.Lock()
+        self.phase = ""  # the sweep phase running now, and its own budget (None: none)
+        self.phase_budget: float | None = None
+        self.phase_started = started
+        self.phase_spent = False  # its budget ran out (noted once)
+
+    def begin_phase(self, name: str, budget: float | None) -> None:
+        """A sweep phase starts, with `budget` seconds of its own (None: only --budget)."""
+        with self._lock:
+            self.phase, self.phase_budget = name, budget
+            self.phase_started, self.phase_spent = time.monotonic(), False
 
     def label(self, kind: str) -> str:
         """The next process label of `kind` ("alone-7"; a shard's: "alone-s2-7")."""
@@ -160,14 +170,31 @@ class SweepHost:
             yield group
 
     def budget_left(self) -> bool:
+        """Neither --budget nor this phase's own budget is spent. The phase that runs out
+        says so in the notes, once: what it leaves undone is unverified, never pass."""
+        now = time.monotonic()
         budget = self.options.budget
-        return budget is None or time.monotonic() - self.started < budget
+        if budget is not None and now - self.started >= budget:
+            return False
+        if self.phase_budget is None or now - self.phase_started < self.phase_budget:
+            return True
+        with self._lock:
+            first, self.phase_spent = not self.phase_spent, True
+        if first:
+            self.note(f"the {self.phase} phase's budget of {self.phase_budget:.0f}s ran out "
+                      "(--phase-budget): the tests it left undone are unverified")  # fmt: skip
+        return False
 
     def note(self, text: str) -> None:
         self.store.note(text)
 
     def skip_for_budget(self, what: str, count: int) -> None:
-        if count:
+        if not count:
+            return
+        if self.phase_spent:
+            self.note(f"{self.phase} phase budget of {self.phase_budget:.0f}s spent: skipped "
+                      f"{count} {what}")  # fmt: skip
+        else:
             self.note(f"budget of {self.options.budget:g}s spent: skipped {count} {what}")
 
     def pool(

@@ -24,6 +24,7 @@ in place of the first phases and drives the rest.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 import time
@@ -55,6 +56,8 @@ from .state import describe_error, prepare_out
 from .store import EvidenceStore
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+PHASE_BUDGET_RUNS = 10  # a later phase may take 10x what the suite runs took, by default
+PHASE_BUDGET_MIN_S = 600.0  # and at least 10 minutes
 SHARD_VIEW = "a shard's partial view: its reruns and searches are left to `capsafe merge`"
 
 
@@ -99,6 +102,7 @@ class Sweep:
                 if name != "collection" and not self.store.collected:
                     break
                 self.bar.phase(name)
+                self.host.begin_phase(name, self.phase_budget(name))
                 with self.clock.phase(name):
                     phase()
         except capture_sweep.NeighborsDidNotStart as exc:
@@ -121,6 +125,18 @@ class Sweep:
         steps = [("collection", self.suite_runs.collect), ("runs", self.suite_runs.run),
                  ("isolation", self._isolation)]  # fmt: skip
         return steps if self.no_searches else [*steps, ("searches", self.searches.run)]
+
+    def phase_budget(self, name: str) -> float | None:
+        """Seconds phase `name` may take (--phase-budget): none for collection and the suite
+        runs (they are the sweep's floor); for the rest the option's, or by default
+        PHASE_BUDGET_RUNS times what the suite runs took, at least PHASE_BUDGET_MIN_S.
+        A suite whose runs take seconds once spent 27 minutes in its searches."""
+        if name in ("collection", "runs"):
+            return None
+        chosen = self.options.phase_budget
+        if chosen is None:
+            return max(PHASE_BUDGET_MIN_S, PHASE_BUDGET_RUNS * self.clock.seconds.get("runs", 0))
+        return None if chosen == math.inf else chosen
 
     def _isolation(self) -> None:
         self.isolation.run()
