@@ -85,3 +85,18 @@ def test_the_store_does_not_grow_with_the_rows_it_took(tmp_path: Path) -> None:
         tracemalloc.stop()
     assert held < 1_000_000, f"the store holds {held} bytes after taking 36,000 rows"
     assert sum(1 for _ in store.rows()) == 36_000
+
+
+def test_attempts_of_every_run_share_their_test_s_strings_and_empty_signals(
+    tmp_path: Path,
+) -> None:
+    """The store keeps an attempt per test per suite run: node id, run id and worker are
+    one string each however many runs read them, and a passing test's signals one set."""
+    store = EvidenceStore(tmp_path, 60.0)
+    for k in (1, 2):
+        store.take(_process(tmp_path, f"run-{k}", 2))
+    first, last = [a for a in store.attempts() if a.nodeid == "test_m.py::test_1"]
+    assert (first.run_id, last.run_id) == ("run-1", "run-2")
+    assert first.nodeid is last.nodeid
+    assert first.worker is last.worker
+    assert first.signals is last.signals is fold.NO_SIGNALS
