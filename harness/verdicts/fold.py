@@ -17,11 +17,13 @@ what test processes wrote.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ..records import Outcome, Record, Signal, fold_outcome
+from ..records import OUTCOMES, Outcome, Record, Signal, fold_outcome
 
+_RANK = {outcome: rank for rank, outcome in enumerate(OUTCOMES)}  # fold_outcome's order
+_PASSED = _RANK["passed"]  # what fold_outcome says when no phase said anything it knows
 NO_SIGNALS: frozenset[str] = frozenset()  # shared by the attempts of every passing test
 UNFINISHED_MESSAGE = "the test process died while this test ran"
 STALLED_MESSAGE = "the test process made no progress for {seconds:g}s and was killed"
@@ -115,13 +117,20 @@ def attempts(
 
 
 def attempt_outcomes(
-    outcomes: Mapping[tuple[str, str], Sequence[str]], ends: Iterable[RunOutcome] = ()
-) -> dict[tuple[str, str], Outcome]:
-    """What pytest said of each attempt (its `Attempt.outcome`) from its rows' outcomes
-    alone, per (run_id, nodeid): the report's outcome column, without folding every row."""
-    died = {(end.run_id, k.nodeid) for end in ends for k in end.killed}
-    found = {key: _outcome(said, key in died) for key, said in outcomes.items()}
-    return found | {key: _outcome((), True) for key in died - found.keys()}
+    rows: Iterable[Record], ends: Iterable[RunOutcome] = ()
+) -> dict[str, dict[str, Outcome]]:
+    """run_id -> nodeid -> what pytest said of that attempt (its `Attempt.outcome`), folded
+    row by row without keeping the rows: the report's outcome column over every process."""
+    ranks: dict[str, dict[str, int]] = {}
+    for row in rows:
+        per_run = ranks.setdefault(row["run_id"], {})
+        nodeid = sys.intern(row["nodeid"])
+        rank = _RANK.get(row["outcome"], _PASSED)
+        per_run[nodeid] = min(rank, per_run.get(nodeid, _PASSED))
+    for end in ends:  # a test its process died in failed, whatever its rows say
+        for k in end.killed:
+            ranks.setdefault(end.run_id, {})[k.nodeid] = _RANK["failed"]
+    return {run: {n: OUTCOMES[r] for n, r in per.items()} for run, per in ranks.items()}
 
 
 def _outcome(outcomes: Iterable[str], died: bool) -> Outcome:
