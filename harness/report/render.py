@@ -30,10 +30,12 @@ def write_reports(
 ) -> list[dict[str, Any]]:
     """Write every report file into `out` (`ends`: how each test process ended, which the
     rows do not say; `history`: this suite's rows of history.csv); the per-test table they
-    were made from (harness.report.tables), for the CI outputs."""
+    were made from (harness.report.tables), for the CI outputs. `rows` is read twice: a
+    sweep's store streams them from disk each time, so they are never all in memory."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = list(rows)
+    if iter(rows) is rows:  # a one-pass iterator: kept, to be read twice
+        rows = list(rows)
     with open(out / "records.jsonl", "w", encoding="utf-8") as f:
         for row in rows:
             f.write(to_json(row) + "\n")

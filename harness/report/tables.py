@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pandas as pd  # type: ignore[import-untyped]
@@ -46,22 +46,28 @@ def outcomes_by_test(rows: Iterable[Record], ends: Iterable[fold.RunOutcome] = (
     distinct [variable, before, after] it left changed. `ends`: how the processes ended
     (a test its process died in failed, whatever its rows say).
     """
-    rows = list(rows)
-    frame = pd.DataFrame.from_records(
-        [{k: r.get(k) for k in _RECORD_COLUMNS} for r in rows], columns=list(_RECORD_COLUMNS)
-    )
+    said_rows = []  # only rows with a message or a leak: one pass, never every row at once
+
+    def kept(rows: Iterable[Record]) -> Iterator[Record]:
+        for r in rows:
+            if r.get("message") or r.get("env_leak"):
+                said_rows.append({k: r.get(k) for k in _RECORD_COLUMNS})
+            yield r
+
+    folded = fold.attempt_outcomes(kept(rows), ends)
+    frame = pd.DataFrame.from_records(said_rows, columns=list(_RECORD_COLUMNS))
     columns = ["outcome", "outcomes", "message", "details", "env_leaks"]
-    folded = fold.attempts(rows, ends).values()
     if not folded:
         return pd.DataFrame(columns=columns).rename_axis("nodeid")
     frame["rank"] = frame["outcome"].map(_RANK).fillna(len(OUTCOMES) - 1).astype(int)
-    attempts = pd.DataFrame([{"nodeid": a.nodeid, "rank": _RANK[a.outcome]} for a in folded])
-    worst = attempts.groupby("nodeid", sort=False)["rank"].min()
-    counts = attempts.groupby(["nodeid", "rank"], sort=False).size().sort_index(level=1)
-    per_test: dict[str, dict[str, int]] = {}
-    for (nodeid, rank), n in counts.items():
-        per_test.setdefault(nodeid, {})[OUTCOMES[rank]] = int(n)
-    outcomes = pd.Series(per_test, dtype=object)
+    ranks: dict[str, list[int]] = {}  # per test, attempts per outcome rank
+    for per_run in folded.values():
+        for nodeid, outcome in per_run.items():
+            ranks.setdefault(nodeid, [0] * len(OUTCOMES))[_RANK[outcome]] += 1
+    worst = pd.Series({n: next(r for r, k in enumerate(c) if k) for n, c in ranks.items()})
+    outcomes = pd.Series(
+        {n: {OUTCOMES[r]: k for r, k in enumerate(c) if k} for n, c in ranks.items()}, dtype=object
+    )
     said = frame[
         (frame["message"].fillna("") != "") & (frame["rank"] == frame["nodeid"].map(worst))
     ]

@@ -173,6 +173,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="run each test body in T threads at once, through "
                         "pytest-run-parallel (default 1)")  # fmt: skip
     add_verdict_options(parser)
+    parser.add_argument("--phase-budget", default="auto", metavar="SEC|auto|none",
+                        help="seconds each phase after the suite runs (isolation, searches) may "
+                        "take; what it leaves undone is unverified, never pass (default auto: "
+                        "10x the suite runs' time, at least 10 minutes)")  # fmt: skip
     again = parser.add_mutually_exclusive_group()
     again.add_argument(
         "--resume",
@@ -327,6 +331,7 @@ def options_from(args: argparse.Namespace) -> SweepOptions:
         neighbors=args.neighbors,
         threads=args.threads,
         budget=budget,
+        phase_budget=phase_budget_option(args.phase_budget),
         baseline=baseline,
         pytest_args=tuple(args.pytest_args),
         progress=not args.no_progress,
@@ -375,6 +380,21 @@ def add_verdict_options(parser: argparse.ArgumentParser) -> None:
         "true) an annotation per such test is printed and report.md appended to the job "
         "summary, with or without this option",
     )
+
+
+def phase_budget_option(text: str) -> float | None:
+    """--phase-budget: seconds (inf for none), or None for auto; SweepError otherwise."""
+    if text == "auto":
+        return None
+    if text == "none":
+        return math.inf
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not seconds > 0:
+        raise SweepError(f"--phase-budget must be positive seconds, auto or none, got {text!r}")
+    return seconds
 
 
 def verdict_options(args: argparse.Namespace) -> tuple[float | None, frozenset[str]]:

@@ -25,7 +25,9 @@ child shares the server's hash seed (PYTHONHASHSEED); the child runs the atexit
 handlers registered after the fork only (those of import time stay the server's); the
 objects alive after collection are frozen (`gc.freeze`, after one collection in the
 server), so a child's garbage collections skip them: pytest collects five times at
-session end, which in a child would otherwise walk, and so copy, the whole heap;
+session end, which in a child would otherwise walk, and so copy, the whole heap; a module
+a plugin imports at every session's end (hypothesis's) is imported in the server, so a
+test in a child finds it imported where a fresh process imports it after the last test;
 during import and collection the server has PYTORCH_NVML_BASED_CUDA_CHECK=1 (unless the
 caller set it), so torch answers `is_available()` at import without `cuInit`, which
 would leave nothing to fork (SERVER_ENV; the child's environment is the caller's again).
@@ -36,6 +38,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import gc
+import importlib
 import json
 import os
 import select
@@ -80,6 +83,8 @@ SERVER_ENV = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
 `cuda.is_available()`, which suites call at import (skip marks), then asks NVML instead of
 calling `cuInit`, which no process may fork after. The answer is the same."""
 POLL_S = 0.02
+SESSION_END_IMPORTS = {"hypothesispytest": "hypothesis.internal.observability"}
+"""Plugin name -> the module it imports in every session's terminal summary."""
 JOB_PLUGINS = (PLUGIN_NAME, phase_times.PLUGIN_NAME, neighbor_run.PLUGIN_NAME, protect.PLUGIN_NAME)
 """The capsafe plugins that hold per-process state (records file, marks, neighbours):
 replaced in each child by ones made for its job."""
@@ -143,6 +148,7 @@ class Server:
             self.send(event="refused", reason=reason)
             self.answered = True
             return True
+        _import_session_end_modules(session.config)
         gc.collect()  # the garbage of start-up and collection, once, here
         gc.freeze()  # the rest is permanent: no child's collection walks (and copies) it
         self.send(event="ready", collected=len(session.items))
@@ -260,6 +266,16 @@ def _become(session: pytest.Session, job: Job) -> None:
         session=session, config=config, items=session.items
     )
     manager.subset_hook_caller("pytest_collection_finish", others)(session=session)
+
+
+def _import_session_end_modules(config: pytest.Config) -> None:
+    """Import here, once, what a loaded plugin imports at every session's end: in each
+    child it cost that child the import (hypothesis's terminal summary imports
+    `hypothesis`: 1-2 s a job, most of a search's time on a suite that never imports it)."""
+    for plugin, module in SESSION_END_IMPORTS.items():
+        if config.pluginmanager.has_plugin(plugin):
+            with contextlib.suppress(ImportError):
+                importlib.import_module(module)
 
 
 def _reseed_numpy() -> None:

@@ -122,6 +122,16 @@ class SweepHost:
         self._labels = self.journal.highest_label()  # a resumed sweep's labels follow on
         self._lock = threading.Lock()
         self.one_at_a_time = False  # every replay exclusive: the suite's processes collide
+        self.phase = ""  # the sweep phase running now, and its own budget (None: none)
+        self.phase_budget: float | None = None
+        self.phase_started = started
+        self.phase_spent = False  # its budget ran out (noted once)
+
+    def begin_phase(self, name: str, budget: float | None) -> None:
+        """A sweep phase starts, with `budget` seconds of its own (None: only --budget)."""
+        with self._lock:
+            self.phase, self.phase_budget = name, budget
+            self.phase_started, self.phase_spent = time.monotonic(), False
 
     def label(self, kind: str) -> str:
         """The next process label of `kind` ("alone-7"; a shard's: "alone-s2-7")."""
@@ -160,8 +170,7 @@ class SweepHost:
             self.runner.replay_targets(sequence), raw / label, label, seed=seed,
             workers=0, replay_file=replay_file, extra=extra,
         )  # fmt: skip
-        if self.bar.total is not None:
-            self.bar.total += len(sequence)
+        self.bar.add(len(sequence))
         result = self.runner.run(label, cmd, exclusive=exclusive, group=group, sequence=sequence)
         if group is None and not self.runner.stopping.is_set():  # a stop may have killed it
             self.journal.add(key, result)
@@ -180,14 +189,31 @@ class SweepHost:
             yield group
 
     def budget_left(self) -> bool:
+        """Neither --budget nor this phase's own budget is spent. The phase that runs out
+        says so in the notes, once: what it leaves undone is unverified, never pass."""
+        now = time.monotonic()
         budget = self.options.budget
-        return budget is None or time.monotonic() - self.started < budget
+        if budget is not None and now - self.started >= budget:
+            return False
+        if self.phase_budget is None or now - self.phase_started < self.phase_budget:
+            return True
+        with self._lock:
+            first, self.phase_spent = not self.phase_spent, True
+        if first:
+            self.note(f"the {self.phase} phase's budget of {self.phase_budget:.0f}s ran out "
+                      "(--phase-budget): the tests it left undone are unverified")  # fmt: skip
+        return False
 
     def note(self, text: str) -> None:
         self.store.note(text)
 
     def skip_for_budget(self, what: str, count: int) -> None:
-        if count:
+        if not count:
+            return
+        if self.phase_spent:
+            self.note(f"{self.phase} phase budget of {self.phase_budget:.0f}s spent: skipped "
+                      f"{count} {what}")  # fmt: skip
+        else:
             self.note(f"budget of {self.options.budget:g}s spent: skipped {count} {what}")
 
     def pool(
@@ -196,6 +222,7 @@ class SweepHost:
     ) -> None:  # fmt: skip
         width = pool_width(self.options)
         queue = list(jobs)
+        self.bar.expect(len(queue))  # a test at least each, on the bar before they start
         started, skipped = 0, 0
         with concurrent.futures.ThreadPoolExecutor(width) as pool:
             pending: set[concurrent.futures.Future[list[Any]]] = set()
@@ -217,10 +244,13 @@ class SweepHost:
                         pending, timeout=0.2, return_when=concurrent.futures.FIRST_COMPLETED
                     )
                     for future in done:
-                        queue += future.result()
+                        more = future.result()
+                        self.bar.expect(len(more))
+                        queue += more
             except BaseException:
                 self.runner.kill_all()
                 for future in pending:
                     future.cancel()
                 raise
+        self.bar.release()
         self.skip_for_budget(desc, skipped)

@@ -26,6 +26,7 @@ class SweepOptions:
     neighbors: int = 0
     threads: int = 1
     budget: float | None = None
+    phase_budget: float | None = None  # seconds for each phase after the runs; None: auto
     baseline: frozenset[str] = frozenset()
     pytest_args: tuple[str, ...] = ()
     stall_s: float | None = None  # None: 2 x timeout + 30 s

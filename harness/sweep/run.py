@@ -26,6 +26,7 @@ in place of the first phases and drives the rest.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import sys
 import time
@@ -50,6 +51,7 @@ from .host import SweepHost
 from .isolation import Isolation
 from .options import SweepOptions
 from .parallel import ParallelCheck
+from .progress import Progress
 from .runner import Runner
 from .runs import SuiteRuns
 from .searches import Searches
@@ -57,6 +59,8 @@ from .state import describe_error, prepare_out
 from .store import EvidenceStore
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+PHASE_BUDGET_RUNS = 10  # a later phase may take 10x what the suite runs took, by default
+PHASE_BUDGET_MIN_S = 600.0  # and at least 10 minutes
 SHARD_VIEW = "a shard's partial view: its reruns and searches are left to `capsafe merge`"
 
 
@@ -80,7 +84,7 @@ class Sweep:
         self.options = options
         self.started = time.monotonic()
         self.raw = options.out / "raw"
-        self.bar = _progress_bar(options.progress)
+        self.bar = Progress(options.progress)
         self.runner = Runner(options, self.raw, on_tests=self.bar.update)
         self.store = EvidenceStore(self.raw, options.stall_limit)
         self.capture = capture_sweep.CapturePhases(options.neighbors, store=self.store.evidence)
@@ -102,6 +106,8 @@ class Sweep:
             for name, phase in self.phases():
                 if name != "collection" and not self.store.collected:
                     break
+                self.bar.phase(name)
+                self.host.begin_phase(name, self.phase_budget(name))
                 with self.clock.phase(name):
                     phase()
         except capture_sweep.NeighborsDidNotStart as exc:
@@ -139,6 +145,18 @@ class Sweep:
         if self.no_searches:
             return steps
         return [*steps, ("parallel", self._parallel), ("searches", self.searches.run)]
+
+    def phase_budget(self, name: str) -> float | None:
+        """Seconds phase `name` may take (--phase-budget): none for collection and the suite
+        runs (they are the sweep's floor); for the rest the option's, or by default
+        PHASE_BUDGET_RUNS times what the suite runs took, at least PHASE_BUDGET_MIN_S.
+        A suite whose runs take seconds once spent 27 minutes in its searches."""
+        if name in ("collection", "runs"):
+            return None
+        chosen = self.options.phase_budget
+        if chosen is None:
+            return max(PHASE_BUDGET_MIN_S, PHASE_BUDGET_RUNS * self.clock.seconds.get("runs", 0))
+        return None if chosen == math.inf else chosen
 
     def _isolation(self) -> None:
         self.isolation.run(suite_run_s=self.suite_runs.mean_wall)
@@ -225,20 +243,19 @@ class Sweep:
             counts={c: sum(t.classification == c for t in tests) for c in catalogue.CLASSES},
             searches=store.searches, notes=store.notes, ddmin_cap=search.DDMIN_CAP,
             verify_times=VERIFY_TIMES,
-            phase_times=phase_times.summary_times(self.clock, self.raw, store.rows),
+            phase_times=phase_times.summary_times(self.clock, self.raw, store.rows()),
             shard="" if o.shard is None else str(o.shard), suite_errors=store.suite_errors,
             timeout=self.runner.timeout_line(),
             interrupted=self.stopped,
         )  # fmt: skip
-        every = fold.attempts(store.rows, store.ends)
-        summary.outcomes = _not_passed(tests, every.values())
-        summary.placement = placement.placement_section(every.values())
+        summary.outcomes = _not_passed(tests, store.attempts())  # each streams from raw/
+        summary.placement = placement.placement_section(store.attempts())
         summary.gpu = gpu_report.gpu_section(
-            [t.__dict__ for t in tests], store.rows, capture_sweep.neighbor_summary(self.raw)
+            [t.__dict__ for t in tests], store.rows(), capture_sweep.neighbor_summary(self.raw)
         )
         past = self._history(tests) if o.shard is None else []  # the merge writes the history
         self.suite_runs.write_state()
-        table = write_reports(out, summary, store.rows, self._grid(), store.run_ids, past,
+        table = write_reports(out, summary, store.rows(), self._grid(), store.run_ids, past,
                               ends=store.ends)  # fmt: skip
         self._ci_outputs(summary, table)
         if self.neighbors_problem:
@@ -321,13 +338,6 @@ def _not_passed(tests: Sequence[TestVerdict], attempts: Iterable[fold.Attempt]) 
         fold_outcome(seen.get(t.nodeid, ())) for t in tests if t.classification == Verdict.PASS
     )
     return {o: n for o, n in found.items() if o != "passed"}
-
-
-def _progress_bar(enabled: bool) -> Any:
-    from tqdm import tqdm  # type: ignore[import-untyped]
-
-    return tqdm(total=0, desc="capsafe sweep", unit="test", file=sys.stderr,
-                disable=not enabled, leave=False, dynamic_ncols=True)  # fmt: skip
 
 
 def _cell(attempt: fold.Attempt) -> str:

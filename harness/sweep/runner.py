@@ -75,6 +75,7 @@ class ProcessResult:
     end: fold.RunOutcome
     log: Path
     malformed: int = 0  # record lines that could not be read (skipped, counted in the notes)
+    on_disk: bool = True  # `rows` are all its records under raw/ hold (Ctrl-C cut some off)
 
     @property
     def returncode(self) -> int:
@@ -353,7 +354,9 @@ class Runner:
         rows, malformed = load_records(records)
         if end.interrupted:  # the tests it was cut off in get no verdict
             cut = fold.RunOutcome(label, end.returncode)
-            raise Interrupted(ProcessResult(label, fold.finished_rows(rows), cut, log, malformed))
+            finished = fold.finished_rows(rows)
+            raise Interrupted(ProcessResult(label, finished, cut, log, malformed,
+                                            on_disk=len(finished) == len(rows)))  # fmt: skip
         killed = fold.killed(rows)
         if end.lost and not killed:
             killed = _lost_in(sequence, rows)

@@ -92,7 +92,7 @@ class SuiteRuns:
             ev.collect_error = ev.message = message
         if not found.nodeids and not found.errors:
             raise SweepError("pytest could not run the suite (exit 5): no tests were collected")
-        self.bar.total = len(self.numbers()) * len(found.nodeids)
+        self.bar.add(len(self.numbers()) * len(found.nodeids))
 
     # -- phase 1: runs --------------------------------------------------------
     def run(self) -> None:

@@ -16,18 +16,23 @@ what test processes wrote.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ..records import Outcome, Record, Signal, fold_outcome
+from ..records import OUTCOMES, Outcome, Record, Signal, fold_outcome
 
+_RANK = {outcome: rank for rank, outcome in enumerate(OUTCOMES)}  # fold_outcome's order
+_PASSED = _RANK["passed"]  # what fold_outcome says when no phase said anything it knows
+NO_SIGNALS: frozenset[str] = frozenset()  # shared by the attempts of every passing test
 UNFINISHED_MESSAGE = "the test process died while this test ran"
 STALLED_MESSAGE = "the test process made no progress for {seconds:g}s and was killed"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Attempt:
-    """One test's run in one process: all its phase rows folded together."""
+    """One test's run in one process: all its phase rows folded together. Slotted: a sweep
+    holds one per test per suite run (42,000 for dateutil at 20 runs)."""
 
     nodeid: str
     run_id: str
@@ -111,6 +116,29 @@ def attempts(
     return found
 
 
+def attempt_outcomes(
+    rows: Iterable[Record], ends: Iterable[RunOutcome] = ()
+) -> dict[str, dict[str, Outcome]]:
+    """run_id -> nodeid -> what pytest said of that attempt (its `Attempt.outcome`), folded
+    row by row without keeping the rows: the report's outcome column over every process."""
+    ranks: dict[str, dict[str, int]] = {}
+    for row in rows:
+        per_run = ranks.setdefault(row["run_id"], {})
+        nodeid = sys.intern(row["nodeid"])
+        rank = _RANK.get(row["outcome"], _PASSED)
+        per_run[nodeid] = min(rank, per_run.get(nodeid, _PASSED))
+    for end in ends:  # a test its process died in failed, whatever its rows say
+        for k in end.killed:
+            ranks.setdefault(end.run_id, {})[k.nodeid] = _RANK["failed"]
+    return {run: {n: OUTCOMES[r] for n, r in per.items()} for run, per in ranks.items()}
+
+
+def _outcome(outcomes: Iterable[str], died: bool) -> Outcome:
+    """An attempt's outcome: the first of OUTCOMES among its phases'; failed if its process
+    died in it."""
+    return fold_outcome([*outcomes, "failed"] if died else outcomes)
+
+
 def _fold(rows: list[Record], died: RunOutcome | None) -> Attempt:
     # The test process's own rows know its position; the controller's crash row
     # may come from another pid, so prefer the rows that carry an index it ran at.
@@ -118,27 +146,25 @@ def _fold(rows: list[Record], died: RunOutcome | None) -> Attempt:
     first = min(own, key=lambda r: r["time"])
     failing = [r for r in rows if _failed(r)]
     signals = {s for r in rows for s in r["signals"]}
-    outcomes = [r["outcome"] for r in rows]
     message = next((r["message"] for r in failing if r["message"]), "")
     captures = [c for r in rows for c in r.get("captures", ())]
     marked = next((r["thread_unsafe"] for r in rows if "thread_unsafe" in r), None)
     if died is not None:  # its process ended while it ran
         signals.add(died.signal)
-        outcomes.append("failed")
         message = message or died.message
     return Attempt(
-        nodeid=first["nodeid"],
-        run_id=first["run_id"],
+        nodeid=sys.intern(first["nodeid"]),  # one string per test, not per run (memory)
+        run_id=sys.intern(first["run_id"]),
         failed=bool(failing) or died is not None,
-        signals=frozenset(signals),
-        worker=first["worker"],
+        signals=frozenset(signals) if signals else NO_SIGNALS,  # 216 bytes each otherwise
+        worker=sys.intern(first["worker"]),
         pid=first["pid"],
         index=first["index"],
         start=min(float(r.get("start", r["time"])) for r in rows),  # setup's own start
         seed=first["seed"],
         message=message,
         stop=max(float(r.get("stop", r["time"])) for r in rows),
-        outcome=fold_outcome(outcomes),
+        outcome=_outcome((r["outcome"] for r in rows), died is not None),
         gpu=next((r["gpu"] for r in rows if r.get("gpu")), ""),
         capture_sites=tuple(c["site"] for c in captures),
         left_open=tuple(c["site"] for c in captures if c["open"]),

@@ -268,6 +268,27 @@ def test_each_child_draws_its_own_random_numbers(tmp_path: Path) -> None:
         assert len({d[generator] for d in draws}) == 3
 
 
+def test_what_hypothesiss_plugin_imports_at_session_end_is_imported_once_in_the_server(
+    tmp_path: Path,
+) -> None:
+    """hypothesis's terminal summary imports `hypothesis` in every session: in each child of
+    a suite that never imports it, that import cost 1-2 s a job (most of a search)."""
+    pytest.importorskip("_hypothesis_pytestplugin")
+    test = (
+        "import sys\n"
+        "def test_imported():\n"
+        "    assert 'hypothesis.internal.observability' in sys.modules\n"
+    )
+    suite = write_suite(tmp_path / "suite", {"test_h.py": test})
+    args = ["-p", "capsafe", "-p", "no:xdist", "-p", "no:run-parallel", "-q", "--timeout=60"]
+    server = ForkServer.start(args, suite, dict(os.environ), tmp_path / "server", 120)
+    try:
+        code = server.submit(job(tmp_path, "h1", ["test_h.py::test_imported"])).wait(120)
+    finally:
+        server.close()
+    assert code == 0, (tmp_path / "h1.log").read_text()
+
+
 @pytest.mark.cuda
 def test_a_collection_that_initialises_cuda_refuses_by_the_drivers_answer(tmp_path: Path) -> None:
     """cuInit from any library (here the driver itself, through ctypes): the loaded

@@ -310,3 +310,23 @@ def test_an_attempt_knows_its_captures_and_a_leak_victim() -> None:
     a, b = found[("run-1", "a")], found[("run-1", "b")]
     assert (a.capture_sites, a.left_open, a.leak_victim) == (("t.py:4",), ("t.py:4",), False)
     assert (b.capture_sites, b.leak_victim, b.thread_unsafe) == ((), True, "reads the pool")
+
+
+def test_attempt_outcomes_say_what_the_fold_says_without_keeping_rows() -> None:
+    """The report's outcome column folds outcomes row by row (no row kept); it must agree
+    with the one fold, a test its process died in included."""
+    from capsafe_harness.verdicts.fold import attempt_outcomes
+
+    rows = [
+        *full("t.py::test_a", "failed"),
+        *full("t.py::test_b", "skipped"),
+        row("t.py::test_c", "setup", "passed", run="run-2"),  # its process died in it
+        *full("t.py::test_d", "xfailed", run="run-2"),
+        row("t.py::test_e", "call", "weird"),  # an outcome the fold does not know
+    ]
+    ends = [RunOutcome("run-2", -9, killed=(Killed("t.py::test_c", "setup"),
+                                              Killed("t.py::test_lost", "")))]  # fmt: skip
+    folded = attempt_outcomes(rows, ends)
+    expected = {key: a.outcome for key, a in attempts(rows, ends).items()}
+    assert {(run, n): o for run, per in folded.items() for n, o in per.items()} == expected
+    assert folded["run-2"]["t.py::test_c"] == "failed"
