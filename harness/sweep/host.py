@@ -159,8 +159,7 @@ class SweepHost:
         kept = None if group is not None else self.journal.answer(key, raw)
         if kept is not None:  # finished before an interrupt: --resume does not run it again
             self.store.take(kept)
-            if self.bar.total is not None:
-                self.bar.total += len(sequence)
+            self.bar.add(len(sequence))
             self.bar.update(len(sequence))
             return self._replayed(kept)
         label = self.label(kind)
