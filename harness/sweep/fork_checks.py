@@ -21,8 +21,8 @@ initialisation leaves, and is conservative where it cannot know:
   on the simulated backend, where a fresh process would have made its own);
 - torch loaded with `torch.cuda.is_initialized()` true (a query that initialises nothing).
 
-Native threads cannot be named; those of a loaded OpenBLAS's pool are allowed (see
-`_openblas_workers`), any beyond its size refuse.
+Native threads are counted from /proc/self/task; those of a loaded OpenBLAS's pool are
+allowed (see `_openblas_workers`), and NVML's one (NVML_THREAD), any others refuse.
 
 CuPy and cuda.core have no such query; an initialisation of theirs is seen by the
 driver's own answer. Where /proc is missing (not Linux), the driver and native-thread
@@ -43,6 +43,11 @@ PROC_SELF = Path("/proc/self")
 NVIDIA_DEVICES = "/dev/nvidia"
 CUDA_DRIVER = "libcuda.so"  # the driver API library, whatever its version suffix
 CUDA_ERROR_NOT_INITIALIZED = 3
+NVML_THREAD = "cuda0000"
+"""The name NVML gives the thread it starts on first use (measured on the H200: torch's
+NVML-based `is_available()` leaves one, `cuda00001800007`). With the driver uninitialised
+(`cuda_in_use` is asked first) it can only be NVML's, and a child never calls NVML's
+state through it: a child forked beside it used CUDA (docs/harness.md)."""
 OPENBLAS_PREFIXES = ("", "scipy_")  # OpenBLAS's own build, and numpy's and SciPy's wheels
 
 
@@ -63,12 +68,21 @@ def other_threads() -> str | None:
     if named:
         return f"{len(named)} other thread(s) alive after collection: {', '.join(named)}"
     try:
-        native = len(os.listdir(PROC_SELF / "task")) - 1
+        tasks = os.listdir(PROC_SELF / "task")
     except OSError:
         return "cannot count this process's native threads (no /proc/self/task)"
+    nvml = sum(1 for task in tasks if _thread_name(task).startswith(NVML_THREAD))
+    native = len(tasks) - 1 - nvml
     if native > _openblas_workers():
         return f"{native} native thread(s) besides the main one alive after collection"
     return None
+
+
+def _thread_name(task: str) -> str:
+    try:
+        return (PROC_SELF / "task" / task / "comm").read_text().strip()
+    except OSError:  # ended since the listing
+        return ""
 
 
 def _openblas_workers() -> int:

@@ -53,6 +53,7 @@ class Replay:
     neighbors: int = 0
     neighbor_calls: str | None = None
     protect: str | None = None
+    watch_env: str | None = None
 
 
 def split_replay(cmd: Sequence[str]) -> Replay | None:
@@ -85,6 +86,7 @@ def split_replay(cmd: Sequence[str]) -> Replay | None:
         neighbors=int(job.get("--capsafe-neighbors", "0")),
         neighbor_calls=job.get("--capsafe-neighbor-calls"),
         protect=job.get(protect.OPTION),
+        watch_env=job.get("--capsafe-watch-env"),
     )
 
 
@@ -121,6 +123,7 @@ class ForkedProcess(WatchedProcess):
             neighbors=self.replay.neighbors,
             neighbor_calls=self.replay.neighbor_calls,
             protect=self.replay.protect,
+            watch_env=self.replay.watch_env,
             argv=tuple(self.cmd[len(PYTEST) + 1 :]),  # a fresh `python -m pytest ARGS`'s
         )
         try:

@@ -67,11 +67,14 @@ JOB_OPTIONS = (
     "--capsafe-seed",
     "--capsafe-neighbors",
     "--capsafe-neighbor-calls",
+    "--capsafe-watch-env",
     protect.OPTION,
 )
 """The options a job sets for itself; the server's command line carries none of them.
 Neighbour threads are the job's: they start after collection, so in the server they would
-be alive at every fork (and would have initialised CUDA there). So are the integrations of
+be alive at every fork (and would have initialised CUDA there). The variables a job
+watches (the alone screen's `*`) are its own, so one server serves every alone rerun. So
+are the integrations of
 `--capsafe-protect`: installing one makes capsafe's driver (`cuInit` on a GPU), so a
 child installs its own at its session start, after collection where a fresh process
 installs them before; a name a test module bound at import (`from torch.cuda import
@@ -105,6 +108,7 @@ class Job:
     neighbors: int = 0  # --capsafe-neighbors: threads started in the child after collection
     neighbor_calls: str | None = None  # --capsafe-neighbor-calls
     protect: str | None = None  # --capsafe-protect: integrations installed in the child
+    watch_env: str | None = None  # --capsafe-watch-env (None: the server's, the default)
     argv: tuple[str, ...] = ()  # sys.argv[1:] of the fresh process it stands for
 
     def to_json(self) -> str:
@@ -253,6 +257,8 @@ def _become(session: pytest.Session, job: Job) -> None:
     option.capsafe_replay = None
     option.capsafe_neighbors, option.capsafe_neighbor_calls = job.neighbors, job.neighbor_calls
     option.capsafe_protect = job.protect
+    if job.watch_env is not None:
+        option.capsafe_watch_env = job.watch_env
     settings = replace(
         _resolve(config), replay=job.nodeids, replay_file=job.replay_file, shuffle="none"
     )

@@ -50,12 +50,16 @@ def make_runner(suite: Path, raw: Path, executor: LocalExecutor) -> Runner:
     return runner
 
 
-def replay(runner: Runner, label: str, sequence: Sequence[str], seed: int | None) -> ProcessResult:
+def replay(
+    runner: Runner, label: str, sequence: Sequence[str], seed: int | None,
+    extra: Sequence[str] = (),
+) -> ProcessResult:  # fmt: skip
     """One replay as the sweep's phases run it (host.SweepHost.replay)."""
     replay_file = runner.raw / "replays" / f"{label}.txt"
     order.write_replay(replay_file, sequence)
     cmd = runner.pytest_command(runner.replay_targets(sequence), runner.raw / label, label,
-                                seed=seed, workers=0, replay_file=replay_file)  # fmt: skip
+                                seed=seed, workers=0, replay_file=replay_file,
+                                extra=extra)  # fmt: skip
     return runner.run(label, cmd)
 
 
@@ -149,6 +153,24 @@ POLLUTED = {
         "    assert state.SEEN == [] and 'CAPSAFE_POLLUTED' not in os.environ\n"
     ),
 }
+
+
+def test_the_alone_screens_watch_list_is_the_jobs_own(tmp_path: Path, forks: ForkExecutor) -> None:
+    """`--capsafe-watch-env=*` (the alone screen's) is a job option: the screen's replay
+    forks from the server every other alone rerun uses (on the H200 it started a second
+    server, 3 s), and records a variable outside the default prefixes that the test left
+    set, as a fresh process does; the plain rerun, watching the defaults, does not."""
+    test = "import os\ndef test_leak():\n    os.environ['OTHER_LEAK'] = '1'\n"
+    suite = write_suite(tmp_path / "suite", {"test_l.py": test, "pytest.ini": "[pytest]\n"})
+    runner = make_runner(suite, tmp_path / "raw", forks)
+    screen_args = ("--capsafe-watch-env=*",)
+    plain = replay(runner, "alone-1", ["test_l.py::test_leak"], None)
+    screen = replay(runner, "alone-2", ["test_l.py::test_leak"], None, extra=screen_args)
+    assert (forks.forked, forks.fresh, len(forks._servers)) == (2, 0, 1)
+    fresh = replay(make_runner(suite, tmp_path / "fresh", LocalExecutor()), "alone-1",
+                   ["test_l.py::test_leak"], None, extra=screen_args)  # fmt: skip
+    leaks = [[r["env_leak"] for r in p.rows if r.get("env_leak")] for p in (plain, screen, fresh)]
+    assert leaks == [[], [{"OTHER_LEAK": [None, "1"]}], [{"OTHER_LEAK": [None, "1"]}]]
 
 
 def write_suite(root: Path, files: dict[str, str]) -> Path:
@@ -360,6 +382,29 @@ def test_a_driver_that_cannot_be_asked_leaves_the_open_device_to_decide(
     )
     monkeypatch.setattr(fork_checks, "PROC_SELF", fake_proc(tmp_path / "b", maps, []))
     assert fork_checks.cuda_in_use() is None
+
+
+def fake_tasks(proc: Path, names: Sequence[str]) -> None:
+    for tid, name in enumerate(names, start=100):
+        (proc / "task" / str(tid)).mkdir(parents=True)
+        (proc / "task" / str(tid) / "comm").write_text(name + "\n")
+
+
+def test_nvmls_thread_is_allowed_and_any_other_native_thread_refuses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch's NVML-based availability check leaves one native thread, named like the
+    driver's (cuda00001800007 on the H200): allowed; an unknown native thread is not."""
+    monkeypatch.setattr(threading, "enumerate", lambda: [threading.current_thread()])
+    proc = fake_proc(tmp_path, "", [])
+    fake_tasks(proc, ["python3", "cuda00001800007"])
+    monkeypatch.setattr(fork_checks, "PROC_SELF", proc)
+    assert fork_checks.other_threads() is None
+    (proc / "task" / "200").mkdir()
+    (proc / "task" / "200" / "comm").write_text("python3\n")
+    assert fork_checks.other_threads() == (
+        "1 native thread(s) besides the main one alive after collection"
+    )
 
 
 def test_without_maps_to_read_the_check_refuses(
