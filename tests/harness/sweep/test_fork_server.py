@@ -474,9 +474,15 @@ def test_a_job_the_server_declines_runs_as_a_fresh_process(
     assert "1 other thread(s) alive after collection: late" in forks.refusals.values()
 
 
-def test_the_checks_name_a_live_thread_and_pass_without_one() -> None:
+def test_the_checks_name_a_live_thread_and_pass_without_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The thread check alone: capsafe devices another test of this worker made would
-    answer cuda_in_use() first (fork_refusal asks it before the threads)."""
+    answer cuda_in_use() first (fork_refusal asks it before the threads), and an xdist
+    worker's own native threads are in its task list (so the native count is faked)."""
+    proc = fake_proc(tmp_path, "", [])
+    fake_tasks(proc, ["python3"])
+    monkeypatch.setattr(fork_checks, "PROC_SELF", proc)
     assert fork_checks.other_threads() is None
     stop = threading.Event()
     thread = threading.Thread(target=stop.wait, name="holder")
