@@ -416,7 +416,7 @@ def usage_error_line(log: Path) -> str:
     return line
 
 
-_ARGPARSE_ERROR = re.compile(r"^\S+: error: (.+)$")
+_ARGPARSE_ERROR = re.compile(r"^[^:]+: error: (.+)$")  # the prog may be `python -m pytest`
 _XDIST_REFUSED = re.compile(r"unrecognized arguments:.*(^|\s)(-n|--numprocesses|--dist)(=|\s|$)")
 
 

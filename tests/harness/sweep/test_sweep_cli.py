@@ -10,6 +10,7 @@ import pytest
 
 from capsafe.cli import main
 from capsafe_harness.sweep import run
+from capsafe_harness.sweep.runner import usage_error_line
 
 
 @pytest.fixture
@@ -145,6 +146,17 @@ def test_ctrl_c_outside_the_phases_is_one_line_and_exit_130(
     monkeypatch.setattr(run, "run_sweep", interrupted)
     assert main(["sweep", str(suite), "--out", str(suite / "o"), "--no-progress"]) == 130
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("capsafe sweep: interrupted")
+
+
+@pytest.mark.parametrize("prog", ["pytest", "__main__.py", "python -m pytest"])
+def test_pytests_usage_error_is_found_whatever_its_program_name(tmp_path: Path, prog: str) -> None:
+    """pytest 9 under `python -m` names itself `python -m pytest` in its argparse error
+    (a clean CI venv got it; the machine's older pytest says `__main__.py`)."""
+    log = tmp_path / "run.log"
+    log.write_text(f"usage: {prog} [options] [file_or_dir]\n{prog}: error: unrecognized "
+                   "arguments: -n=2\n  inifile: /x/pytest.ini\n  rootdir: /x\n")  # fmt: skip
+    line = usage_error_line(log)
+    assert line.startswith("unrecognized arguments: -n=2") and "--workers 0" in line
 
 
 def test_an_ini_without_xdist_names_pytests_error_and_workers_0(
