@@ -218,6 +218,15 @@ SIDE_BY_SIDE = """
         shutil.rmtree(mine, ignore_errors=True)  # a reused pid's markers
         os.makedirs(mine)
         _group = (directory, peers, name == "beside")
+        if name == "beside":
+            # Neither process of a pair ends before the other registered: a candidate
+            # that meets nobody would be over before the test looks, and be taken for a
+            # pair tried before this one (the wait then lasted the per-test timeout).
+            meet("registered")
+
+    def register_once(config):
+        if _group is None:
+            register(config)
 
     def _mark(step):
         open(os.path.join(_group[0], str(os.getpid()), step), "w").close()
@@ -239,8 +248,8 @@ SIDE_BY_SIDE = """
 
     def meet(step):
         \"\"\"Wait until each process beside this one has reached `step` or ended.\"\"\"
-        if _group is None and _config is not None:
-            register(_config)  # a forked replay learns its run id after collection
+        if _config is not None:
+            register_once(_config)  # a forked replay learns its run id after collection
         if _group is None:
             return  # nothing runs beside this process
         directory, peers, pair = _group
@@ -267,6 +276,12 @@ SIDE_CONFTEST = """
     @pytest.hookimpl(tryfirst=True)  # before xdist's worker reports its collection
     def pytest_collection_finish(session):
         side.register(session.config)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(item):
+        # A replay forked from a collected pytest learns its run id after collection: it
+        # registers before its first test, whether or not that test meets anyone.
+        side.register_once(item.config)
 
     def pytest_sessionfinish(session):
         side.ended()
