@@ -29,12 +29,11 @@ from ..records import (
     first_lines,
     records_path,
 )
-from . import capture_errors, gpus, neighbor_run, order, phase_times, protect, randomly
+from . import capture_errors, env_watch, gpus, neighbor_run, order, phase_times, protect, randomly
 from .captures import CaptureLog
 from .seeding import Reseeder, registered_seeders
 
 DEFAULT_WATCH_ENV = "CAPSAFE_,CUDA_"
-PYTEST_OWN = "PYTEST_CURRENT_TEST"  # pytest sets it for each phase: never a leak
 PLUGIN_NAME = "capsafe-run"
 CONTROLLER = "controller"
 
@@ -252,36 +251,6 @@ def pytest_configure_node(node: Any) -> None:
         node.workerinput["capsafe_run_id"] = run.settings.run_id
 
 
-def _env_snapshot() -> dict[Any, Any]:
-    """A cheap copy of the whole environment, taken twice per test.
-
-    `os.environ._data` is the raw mapping behind os.environ; copying it is a C-level
-    dict copy, where walking os.environ decodes every variable (about a hundred
-    times slower, and it dominated the plugin's per-test cost).
-    """
-    raw = getattr(os.environ, "_data", None)
-    return raw.copy() if isinstance(raw, dict) else dict(os.environ)
-
-
-def _env_leak(
-    before: dict[Any, Any], after: dict[Any, Any], prefixes: tuple[str, ...]
-) -> dict[str, list[str | None]]:
-    """{VAR: [before, after]} for watched variables that differ (None: unset)."""
-
-    def text(value: Any) -> str:
-        return os.fsdecode(value) if isinstance(value, bytes) else value
-
-    leaks = {}
-    for key in before.keys() | after.keys():
-        name = text(key)
-        if name == PYTEST_OWN:
-            continue
-        if name.startswith(prefixes) and before.get(key) != after.get(key):
-            old, new = before.get(key), after.get(key)
-            leaks[name] = [None if old is None else text(old), None if new is None else text(new)]
-    return dict(sorted(leaks.items()))
-
-
 def _reason(marker: pytest.Mark) -> str:
     """A thread_unsafe marker's reason, as pytest-run-parallel takes it (keyword or first
     argument)."""
@@ -455,7 +424,7 @@ class CapsafeRun:
     def pytest_runtest_logstart(self, nodeid: str) -> None:
         if self.writer is not None:
             self.index += 1
-            self.env_before = _env_snapshot()
+            self.env_before = env_watch.snapshot()
             self.captures.start()
 
     @pytest.hookimpl(wrapper=True)
@@ -524,8 +493,8 @@ class CapsafeRun:
             marked = self.thread_unsafe.pop(report.nodeid, None)
             if marked is not None:
                 row["thread_unsafe"] = marked
-            after = _env_snapshot()
-            leak = after != self.env_before and _env_leak(
+            after = env_watch.snapshot()
+            leak = after != self.env_before and env_watch.leaks(
                 self.env_before, after, self.settings.watch_env
             )
             if leak:
