@@ -193,99 +193,11 @@ def test_failing_every_rerun_alone_but_passing_in_the_suite_is_not_fail(tmp_path
 # partner (run id `beside-N`), the one other process of the pair, which may not have
 # started yet but is sure to come. `meet(step)` returns once each of them has reached the
 # same step or ended its session: no wall-clock limit; a partner that never comes is a
-# hang, for the sweep's per-test timeout and the stall watchdog.
-SIDE_BY_SIDE = """
-    import os
-    import shutil
-    import time
-
-    _group = None  # (directory, peers expected, a pair?) once this process registered
-    _seen = set()  # peers of a pair seen alive: one that ends afterwards still counts
-    _config = None
-
-    def register(config):
-        global _group, _config
-        _config = config
-        worker = getattr(config, "workerinput", None)
-        if worker is not None:
-            name, peers = "xdist-" + worker["testrunuid"], worker["workercount"] - 1
-        elif str(config.getoption("capsafe_run_id", None) or "").startswith("beside-"):
-            name, peers = "beside", 1
-        else:
-            return
-        directory = os.path.join(os.environ["CAPSAFE_SWEEP_SHARED"], name)
-        mine = os.path.join(directory, str(os.getpid()))
-        shutil.rmtree(mine, ignore_errors=True)  # a reused pid's markers
-        os.makedirs(mine)
-        _group = (directory, peers, name == "beside")
-        if name == "beside":
-            # Neither process of a pair ends before the other registered: a candidate
-            # that meets nobody would be over before the test looks, and be taken for a
-            # pair tried before this one (the wait then lasted the per-test timeout).
-            meet("registered")
-
-    def register_once(config):
-        if _group is None:
-            register(config)
-
-    def _mark(step):
-        open(os.path.join(_group[0], str(os.getpid()), step), "w").close()
-
-    def ended():
-        if _group is not None:
-            _mark("ended")
-
-    def _gone(directory, pid):
-        if os.path.exists(os.path.join(directory, pid, "ended")):
-            return True
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            return True  # killed before its session ended
-        except PermissionError:
-            pass
-        return False
-
-    def meet(step):
-        \"\"\"Wait until each process beside this one has reached `step` or ended.\"\"\"
-        if _config is not None:
-            register_once(_config)  # a forked replay learns its run id after collection
-        if _group is None:
-            return  # nothing runs beside this process
-        directory, peers, pair = _group
-        _mark(step)
-        while True:
-            reached = {}
-            for pid in os.listdir(directory):
-                if pid == str(os.getpid()):
-                    continue
-                gone = _gone(directory, pid)
-                if pair and gone and pid not in _seen:
-                    continue  # a pair tried before this one
-                _seen.add(pid)
-                reached[pid] = gone or os.path.exists(os.path.join(directory, pid, step))
-            if len(reached) >= peers and all(reached.values()):
-                return
-            time.sleep(0.01)
-"""
-
-SIDE_CONFTEST = """
-    import pytest
-    import side
-
-    @pytest.hookimpl(tryfirst=True)  # before xdist's worker reports its collection
-    def pytest_collection_finish(session):
-        side.register(session.config)
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_runtest_setup(item):
-        # A replay forked from a collected pytest learns its run id after collection: it
-        # registers before its first test, whether or not that test meets anyone.
-        side.register_once(item.config)
-
-    def pytest_sessionfinish(session):
-        side.ended()
-"""
+# hang, for the sweep's per-test timeout and the stall watchdog. The helper and its
+# conftest are the planted collisions suite's own (repro/suites/collisions): one copy.
+COLLISIONS_SUITE = Path(__file__).resolve().parents[3] / "repro" / "suites" / "collisions"
+SIDE_BY_SIDE = (COLLISIONS_SUITE / "side.py").read_text()
+SIDE_CONFTEST = (COLLISIONS_SUITE / "conftest.py").read_text()
 
 COLLIDING = """
     import contextlib
