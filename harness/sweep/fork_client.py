@@ -118,6 +118,16 @@ class ForkServer:
         """Start a server running pytest with `args` (a fresh replay's, without its
         JOB_OPTIONS) in `cwd` with `env`, its log and own records under `workdir`; return it
         once collected. Refused when it may not fork or did not get to serving in `timeout`."""
+        server = cls.spawn(args, cwd, env, workdir)
+        server.wait_ready(timeout)
+        return server
+
+    @classmethod
+    def spawn(
+        cls, args: Sequence[str], cwd: Path, env: Mapping[str, str], workdir: Path
+    ) -> ForkServer:
+        """Launch the server and return at once, before it has collected: `close()` may stop
+        it while it collects (`wait_ready` then raises Refused)."""
         workdir.mkdir(parents=True, exist_ok=True)
         jobs_read, jobs_write = os.pipe()
         results_read, results_write = os.pipe()
@@ -130,18 +140,26 @@ class ForkServer:
                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                     pass_fds=(jobs_read, results_write), start_new_session=True,
                 )  # fmt: skip
+        except BaseException:
+            os.close(jobs_write)
+            os.close(results_read)
+            raise
         finally:
             os.close(jobs_read)
             os.close(results_write)
         server = cls(proc, jobs_write, results_read, log)
         server._reader.start()
-        if not server._ready.wait(timeout):
-            server.close()
-            raise Refused(f"the fork server did not collect within {timeout:g}s (see {log})")
-        if server._refusal:
-            server.close()
-            raise Refused(server._refusal)
         return server
+
+    def wait_ready(self, timeout: float) -> None:
+        """Wait until the server has collected; Refused (and the server stopped) when it may
+        not fork, could not collect, was closed meanwhile, or took longer than `timeout`."""
+        if not self._ready.wait(timeout):
+            self.close()
+            raise Refused(f"the fork server did not collect within {timeout:g}s (see {self.log})")
+        if self._refusal:
+            self.close()
+            raise Refused(self._refusal)
 
     @property
     def alive(self) -> bool:
@@ -190,6 +208,9 @@ class ForkServer:
         self.send({"op": "stop"})
         self._closed = True
         self._close_jobs()
+        if not self._ready.is_set():  # still collecting: it reads no stop, and has no child
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:

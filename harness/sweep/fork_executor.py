@@ -168,7 +168,19 @@ class ForkExecutor(LocalExecutor):
         self.fresh = 0  # replay launches run fresh because a server refused
         self._servers: dict[tuple[object, ...], ForkServer | None] = {}
         self._starting: dict[tuple[object, ...], threading.Lock] = {}
+        self._spawned: list[ForkServer] = []  # every server launched, collecting or serving
+        self._closing = False
         self._count = threading.Lock()
+
+    def prestart(self, launch: Launch, env: Mapping[str, str]) -> None:
+        """Start, in the background, the server that replays like `launch` will use, so its
+        start-up and collection overlap the suite runs instead of delaying the first rerun
+        (on the H200, ~4 s of a 60 s CuPy sweep). A replay that comes first waits for it."""
+        replay = split_replay(launch.cmd)
+        if replay is None:
+            return
+        threading.Thread(target=self._server, args=(launch, replay, env),
+                         name="capsafe-fork-prestart", daemon=True).start()  # fmt: skip
 
     def watched(self, launch: Launch, env: Mapping[str, str]) -> WatchedProcess:
         replay = split_replay(launch.cmd)
@@ -199,19 +211,27 @@ class ForkExecutor(LocalExecutor):
             number = len(self._starting)  # its own directory, whichever key starts first
         with starting:
             if key in self._servers:
-                server = self._servers[key]
-                return server if server is not None and server.alive else None
+                known = self._servers[key]
+                return known if known is not None and known.alive else None
             workdir = self.workdir / f"server-{number}"
             scratch = workdir / "tmp"  # the server's own CAPSAFE_SWEEP_TMP: each job sets its own
             scratch.mkdir(parents=True, exist_ok=True)
+            server: ForkServer | None = None
+            with self._count:
+                if not self._closing:
+                    args = [*self.targets, *replay.server_args]
+                    server_env = {**env, SWEEP_TMP_ENV: str(scratch)}
+                    server = ForkServer.spawn(args, launch.cwd, server_env, workdir)
+                    self._spawned.append(server)
             try:
-                server = ForkServer.start([*self.targets, *replay.server_args], launch.cwd,
-                                          {**env, SWEEP_TMP_ENV: str(scratch)}, workdir,
-                                          self.start_timeout)  # fmt: skip
+                if server is None:
+                    raise Refused("the sweep is closing")
+                server.wait_ready(self.start_timeout)
             except Refused as refused:
                 server = None
                 with self._count:
-                    self.refusals[f"{launch.cwd} ({workdir.name})"] = refused.reason
+                    if not self._closing:
+                        self.refusals[f"{launch.cwd} ({workdir.name})"] = refused.reason
             self._servers[key] = server
             return server
 
@@ -225,6 +245,8 @@ class ForkExecutor(LocalExecutor):
 
     def close(self) -> None:
         """Stop every server (their running children are killed first)."""
-        servers = [s for s in self._servers.values() if s is not None]
-        for server in servers:
+        with self._count:
+            self._closing = True  # a server launched from now on is not
+            servers = list(self._spawned)
+        for server in servers:  # also one still collecting (a prestart): it is killed
             server.close()

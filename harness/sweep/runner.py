@@ -366,6 +366,20 @@ class Runner:
         )  # fmt: skip
         return ProcessResult(label, rows, outcome, log, malformed)
 
+    def prestart_replays(self) -> None:
+        """Start the fork server the replays will use now, while the suite runs, so its
+        start-up and collection are not paid when the first rerun waits for it (a sweep
+        pinned to GPUs has one per device, each started on first use)."""
+        if not isinstance(self.executor, ForkExecutor) or self.options.gpus:
+            return
+        label = "prestart"  # only its command line counts: the server key is made from it
+        cmd = self.pytest_command(self.targets(), self.raw / label, label, seed=0, workers=0,
+                                  replay_file=self.raw / "replays" / f"{label}.txt")  # fmt: skip
+        env = {SWEEP_SHARED_ENV: str(self.shared)}
+        launch = Launch(label, tuple(cmd), self.cwd, env, self.raw / label,
+                        self.raw / f"{label}.log", self.stall_limit, ())  # fmt: skip
+        self.executor.prestart(launch, {**os.environ, **env})
+
     def _default_executor(self) -> Executor:
         """Local replays are forked from a fork server unless --fresh-processes (or Ray)."""
         o = self.options

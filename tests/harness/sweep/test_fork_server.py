@@ -220,6 +220,44 @@ def test_a_polluters_effect_does_not_leak_into_the_next_job(
     assert polluted.returncode == 1 and clean.returncode == 0
 
 
+def test_a_prestarted_server_is_the_one_the_first_replay_forks_from(
+    tmp_path: Path, forks: ForkExecutor
+) -> None:
+    """The runs phase starts the replays' server (Runner.prestart_replays): the first
+    replay waits for that one, and no second server is started for the same key."""
+    suite = write_suite(tmp_path / "suite", POLLUTED)
+    runner = make_runner(suite, tmp_path / "raw", forks)
+    runner.prestart_replays()
+    log = forks.workdir / "server-1" / "server.log"
+    deadline = time.monotonic() + 60
+    while not log.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert log.exists()  # started before any replay asked for it
+    result = replay(runner, "alone-1", ["test_a.py::test_clean"], 3)
+    assert [r["outcome"] for r in result.rows] == ["passed", "passed", "passed"]
+    assert (forks.forked, forks.fresh, forks.refusals) == (1, 0, {})
+    assert sorted(p.name for p in forks.workdir.iterdir()) == ["server-1"]
+
+
+def test_closing_while_a_prestarted_server_collects_stops_it_at_once(tmp_path: Path) -> None:
+    """A sweep that ends (or is interrupted) while the prestarted server still collects
+    must not wait for it, nor leave it running: it reads no stop message until it serves."""
+    slow = "import time\ntime.sleep(120)\n"  # a conftest that collects for two minutes
+    suite = write_suite(tmp_path / "suite", {**POLLUTED, "conftest.py": slow})
+    forks = ForkExecutor([os.curdir], tmp_path / "servers", start_timeout=300)
+    runner = make_runner(suite, tmp_path / "raw", forks)
+    runner.prestart_replays()
+    deadline = time.monotonic() + 60
+    while not forks._spawned and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (server,) = forks._spawned
+    began = time.monotonic()
+    forks.close()
+    assert time.monotonic() - began < 25  # not the 30 s wait for a stop it never reads
+    assert server.proc.poll() is not None
+    assert forks.refusals == {}  # closing is not a refusal to report
+
+
 def start(suite: Path, tmp_path: Path, env: dict[str, str] | None = None) -> ForkServer:
     args = ["-p", "capsafe", "-p", "no:xdist", *QUIET, "-q", "--timeout=60"]
     return ForkServer.start(args, suite, env or dict(os.environ), tmp_path / "server", 120)
