@@ -138,6 +138,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="xdist workers per run, and parallel reruns; 0 runs without xdist "
         "(default: min(4, CPUs))",
     )  # fmt: skip
+    parser.add_argument(
+        "--jobs", type=int, default=None, metavar="J",
+        help="test processes the reruns, searches and screens run at once (default: W, or "
+        "half the CPUs where that is more, at most 8; with --workers 0, min(4, CPUs))",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=None, metavar="S",
                         help="sweep seed; every run's order seed derives from it "
                         "(default: random, printed)")  # fmt: skip
@@ -269,6 +274,7 @@ def options_from(args: argparse.Namespace) -> SweepOptions:
     for name, value, low in (
         ("--runs", args.runs, 1),
         ("--workers", args.workers, 0),
+        ("--jobs", 1 if args.jobs is None else args.jobs, 1),
         ("--isolation-runs", args.isolation_runs, 1),
         ("--neighbors", args.neighbors, 0),
         ("--threads", args.threads, 1),
@@ -326,6 +332,7 @@ def options_from(args: argparse.Namespace) -> SweepOptions:
         seed=seed,
         runs=args.runs,
         workers=args.workers,
+        jobs=args.jobs,
         timeout=args.timeout,
         isolation_runs=args.isolation_runs,
         neighbors=args.neighbors,

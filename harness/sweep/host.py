@@ -101,9 +101,17 @@ class Host(Protocol):
 
 
 def pool_width(options: SweepOptions) -> int:
-    """Threads of a pool, so processes at once: reruns are single-process, so without
-    xdist a sweep still uses a few cores for them."""
-    return options.workers or min(4, os.cpu_count() or 1)
+    """Threads of a pool, so replay processes at once (--jobs): by default the runs' xdist
+    workers, or half the machine's CPUs where that is more (at most 8): reruns are
+    single-process, and a GPU host's sixteen cores would otherwise wait on two at a time.
+    Without xdist, min(4, CPUs). A failure seen beside other processes is confirmed with
+    none alive (Isolation.alone), so the width changes what a phase costs, not its verdicts."""
+    if options.jobs:
+        return options.jobs
+    cpus = os.cpu_count() or 1
+    if not options.workers:
+        return min(4, cpus)
+    return max(options.workers, min(8, cpus // 2))
 
 
 class SweepHost:

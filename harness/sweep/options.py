@@ -21,6 +21,7 @@ class SweepOptions:
     seed: int
     runs: int = 5
     workers: int = 2
+    jobs: int | None = None  # --jobs: test processes a phase runs at once; None: pool_width's
     timeout: float = 60.0
     isolation_runs: int = 3
     neighbors: int = 0

@@ -10,6 +10,8 @@ import pytest
 
 from capsafe.cli import main
 from capsafe_harness.sweep import run
+from capsafe_harness.sweep.host import pool_width
+from capsafe_harness.sweep.options import SweepOptions
 from capsafe_harness.sweep.runner import usage_error_line
 
 
@@ -27,6 +29,7 @@ def suite(tmp_path: Path) -> Path:
         (["{suite}", "--workers", "-1"], "--workers must be at least 0, got -1"),
         (["{suite}", "--isolation-runs", "0"], "--isolation-runs must be at least 1"),
         (["{suite}", "--threads", "0"], "--threads must be at least 1"),
+        (["{suite}", "--jobs", "0"], "--jobs must be at least 1, got 0"),
         (["{suite}", "--timeout", "0"], "--timeout must be positive"),
         (["{suite}", "--budget", "-5"], "--budget must be positive"),
         (["{suite}", "--baseline", "{suite}/missing.txt"], "cannot read --baseline"),
@@ -173,3 +176,25 @@ def test_an_ini_without_xdist_names_pytests_error_and_workers_0(
     assert last.startswith("capsafe sweep: pytest could not run the suite (exit 4): "
                            "unrecognized arguments: -n")  # fmt: skip
     assert "sweep with --workers 0" in last
+
+
+@pytest.mark.parametrize(
+    ("workers", "jobs", "cpus", "width"),
+    [
+        (2, None, 2, 2),  # a 2-core machine: the runs' workers, as before --jobs
+        (2, None, 16, 8),  # a 16-core GPU host: half its CPUs
+        (2, None, 64, 8),  # at most 8 by default
+        (12, None, 16, 12),  # never fewer than the runs' workers
+        (0, None, 16, 4),  # without xdist: min(4, CPUs)
+        (0, None, 1, 1),
+        (2, 3, 16, 3),  # --jobs decides
+    ],
+)
+def test_replay_processes_at_once_follow_jobs_workers_and_the_cpus(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, workers: int, jobs: int | None, cpus: int,
+    width: int,
+) -> None:  # fmt: skip
+    monkeypatch.setattr("os.cpu_count", lambda: cpus)
+    options = SweepOptions(paths=(tmp_path,), out=tmp_path / "out", seed=1, workers=workers,
+                           jobs=jobs)  # fmt: skip
+    assert pool_width(options) == width
