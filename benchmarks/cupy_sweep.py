@@ -86,11 +86,24 @@ def main(argv: list[str] | None = None) -> int:
                         help="test files, relative to --suite (default: CuPy's two)")  # fmt: skip
     parser.add_argument("--neighbors-only", action="store_true",
                         help="skip the sweep without --neighbors (and its check)")  # fmt: skip
+    parser.add_argument(
+        "--timeout", type=float, default=None, metavar="SEC",
+        help="per-test timeout for the plain runs and the sweeps (CuPy's test_device.py "
+        "waits forever for a second GPU on a one-GPU host)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--deselect", action="append", default=[], metavar="NODEID",
+        help="leave a test out of the plain runs and the sweeps (repeatable)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     suite, out = args.suite.resolve(), args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     capsafe = shutil.which("capsafe") or "capsafe"
     pytest = [sys.executable, "-m", "pytest", *args.files, "-q", "-p", "no:cacheprovider"]
+    timeout: list[str] = [] if args.timeout is None else ["--timeout", f"{args.timeout:g}"]
+    pytest += timeout
+    deselect = [f"--deselect={nodeid}" for nodeid in args.deselect]
+    pytest += deselect
 
     serial_s, serial_rc, serial_out = timed(pytest, suite, out / "cupy_plain_serial.log")
     plain_s, plain_rc, plain_out = timed([*pytest, "-n", "2"], suite, out / "cupy_plain.log")
@@ -103,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     sweeps = [("cupy_sweep_neighbors", ["--neighbors", "2"]), ("cupy_sweep_plain", [])]
     for name, extra in sweeps[:1] if args.neighbors_only else sweeps:
         report = out / name
-        cmd = [capsafe, "sweep", *args.files, *SWEEP, *extra, "--out", str(report)]
+        cmd = [capsafe, "sweep", *args.files, *SWEEP, *extra, *timeout, "--out", str(report)]
+        cmd += ["--", *deselect] if deselect else []
         wall, rc, _ = timed(cmd, suite, out / f"{name}.log")
         try:
             summary = json.loads((report / "summary.json").read_text(encoding="utf-8"))

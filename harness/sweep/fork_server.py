@@ -149,6 +149,7 @@ class Server:
             return None
         reason = fork_refusal()
         if reason is not None:
+            print(f"capsafe fork server: refused: {reason}", file=sys.stderr)  # in its log
             self.send(event="refused", reason=reason)
             self.answered = True
             return True
