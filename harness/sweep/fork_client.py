@@ -36,11 +36,13 @@ LOST = -signal.SIGKILL
 
 
 class Refused(Exception):
-    """The server will not fork (this job, or at all); the reason says why."""
+    """The server will not fork (this job, or at all); the reason says why. `module`: the
+    node id of the test module whose import initialised CUDA, `path` its file, where the
+    server found one (a server that leaves it out may fork)."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, module: str = "", path: str = "") -> None:
         super().__init__(reason)
-        self.reason = reason
+        self.reason, self.module, self.path = reason, module, path
 
 
 class ForkedJob:
@@ -102,6 +104,7 @@ class ForkServer:
         self._next = 0
         self._ready = threading.Event()
         self._refusal = ""
+        self._culprit = ("", "")  # a refusal's module node id and path, where one was found
         self._closed = False
         self._jobs_open = True
         self._reader = threading.Thread(target=self._read, name="fork-server-reader", daemon=True)
@@ -159,7 +162,7 @@ class ForkServer:
             raise Refused(f"the fork server did not collect within {timeout:g}s (see {self.log})")
         if self._refusal:
             self.close()
-            raise Refused(self._refusal)
+            raise Refused(self._refusal, *self._culprit)
 
     @property
     def alive(self) -> bool:
@@ -232,7 +235,9 @@ class ForkServer:
             self.collected = int(message["collected"])
             self._ready.set()
         elif event == "refused":
-            self._refusal = self._refusal or str(message["reason"])
+            if not self._refusal:
+                self._refusal = str(message["reason"])
+                self._culprit = (str(message.get("module", "")), str(message.get("path", "")))
             self._ready.set()
         else:
             with self._lock:

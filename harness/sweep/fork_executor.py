@@ -39,6 +39,9 @@ __all__ = ["ForkExecutor", "Replay", "split_replay"]
 PYTEST = ("-m", "pytest")
 NO_XDIST = ("-p", "no:xdist")
 REQUIRED = {"--capsafe-records", "--capsafe-run-id", "--capsafe-replay"}  # the seed may be absent
+MAX_LEFT_OUT = 3
+"""Test modules whose import initialises CUDA a server leaves out before it gives up (each
+costs it one more start and collection); their replays run fresh."""
 
 
 @dataclass(frozen=True)
@@ -169,6 +172,7 @@ class ForkExecutor(LocalExecutor):
         self._servers: dict[tuple[object, ...], ForkServer | None] = {}
         self._starting: dict[tuple[object, ...], threading.Lock] = {}
         self._spawned: list[ForkServer] = []  # every server launched, collecting or serving
+        self.unforkable: dict[str, str] = {}  # module node id -> why its replays run fresh
         self._closing = False
         self._count = threading.Lock()
 
@@ -185,6 +189,8 @@ class ForkExecutor(LocalExecutor):
     def watched(self, launch: Launch, env: Mapping[str, str]) -> WatchedProcess:
         replay = split_replay(launch.cmd)
         server = self._server(launch, replay, env) if replay is not None else None
+        if server is not None and replay is not None and self._in_unforkable(replay):
+            server = None  # its server left that module out: a fresh process collects it
         if replay is None or server is None:
             if replay is not None:
                 self._counted(fresh=1)
@@ -197,6 +203,14 @@ class ForkExecutor(LocalExecutor):
 
         self._counted(forked=1)
         return ForkedProcess(server, replay, launch, env, refused)
+
+    def _in_unforkable(self, replay: Replay) -> bool:
+        with self._count:
+            modules = set(self.unforkable)
+        if not modules:
+            return False
+        return any(nodeid.split("::", 1)[0] in modules
+                   for nodeid in order.read_replay(replay.replay_file))  # fmt: skip
 
     def _counted(self, *, forked: int = 0, fresh: int = 0) -> None:
         with self._count:
@@ -216,29 +230,51 @@ class ForkExecutor(LocalExecutor):
             workdir = self.workdir / f"server-{number}"
             scratch = workdir / "tmp"  # the server's own CAPSAFE_SWEEP_TMP: each job sets its own
             scratch.mkdir(parents=True, exist_ok=True)
-            server: ForkServer | None = None
-            with self._count:
-                if not self._closing:
-                    args = [*self.targets, *replay.server_args]
-                    server_env = {**env, SWEEP_TMP_ENV: str(scratch)}
-                    server = ForkServer.spawn(args, launch.cwd, server_env, workdir)
-                    self._spawned.append(server)
-            try:
-                if server is None:
-                    raise Refused("the sweep is closing")
-                server.wait_ready(self.start_timeout)
-            except Refused as refused:
-                server = None
-                with self._count:
-                    if not self._closing:
-                        self.refusals[f"{launch.cwd} ({workdir.name})"] = refused.reason
+            server_env = {**env, SWEEP_TMP_ENV: str(scratch)}
+            targets = list(self.targets)
+            left_out: list[str] = []  # modules whose import initialises CUDA
+            while True:
+                ignored = [f"--ignore={path}" for path in left_out]
+                args = [*targets, *replay.server_args, *ignored]
+                try:
+                    server = self._start(args, launch.cwd, server_env, workdir)
+                except Refused as refused:
+                    server = None
+                    if refused.module and len(left_out) < MAX_LEFT_OUT:
+                        with self._count:
+                            self.unforkable[refused.module] = refused.reason
+                        left_out.append(refused.path)
+                        # pytest's --ignore passes over a file given as a target: drop it there
+                        targets = [t for t in targets if not _same_file(launch.cwd / t,
+                                                                        refused.path)]  # fmt: skip
+                        if targets:
+                            continue  # serve the rest of the suite without it
+                    with self._count:
+                        if not self._closing:
+                            self.refusals[f"{launch.cwd} ({workdir.name})"] = refused.reason
+                break
             self._servers[key] = server
             return server
+
+    def _start(
+        self, args: Sequence[str], cwd: Path, env: Mapping[str, str], workdir: Path
+    ) -> ForkServer:
+        """A server launched and collected; Refused when it will not fork (or we close)."""
+        with self._count:
+            if self._closing:
+                raise Refused("the sweep is closing")
+            server = ForkServer.spawn(args, cwd, env, workdir)
+            self._spawned.append(server)
+        server.wait_ready(self.start_timeout)
+        return server
 
     def notes(self) -> list[str]:
         """Lines for the report: how many replays forked, and why any server refused."""
         with self._count:
             lines = [f"fork server: {self.forked} replay(s) forked, {self.fresh} run fresh"]
+            lines += [f"fork server: {module} initialises CUDA at import ({why}); its replays "
+                      "run fresh, the rest of the suite forks"
+                      for module, why in sorted(self.unforkable.items())]  # fmt: skip
             lines += [f"fork server refused ({where}): {why}" for where, why in
                       sorted(self.refusals.items())]  # fmt: skip
         return lines
@@ -250,3 +286,10 @@ class ForkExecutor(LocalExecutor):
             servers = list(self._spawned)
         for server in servers:  # also one still collecting (a prestart): it is killed
             server.close()
+
+
+def _same_file(target: Path, path: str) -> bool:
+    try:
+        return target.resolve() == Path(path).resolve()
+    except OSError:
+        return False

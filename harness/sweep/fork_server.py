@@ -53,7 +53,7 @@ from typing import Any
 import pytest
 
 from ..plugin import PLUGIN_NAME, CapsafeRun, _resolve, neighbor_run, phase_times, protect
-from .fork_checks import fork_refusal
+from .fork_checks import cuda_in_use, fork_refusal
 
 __all__ = ["FDS_ENV", "JOB_OPTIONS", "MODULE", "Job", "main"]
 
@@ -133,6 +133,10 @@ class Server:
         self.answered = False  # said "ready" or "refused"
         self._children: dict[str, int] = {}  # job id -> child pid
         self._pending = b""
+        # The first test module whose import initialised CUDA (node id, path), and whether
+        # CUDA was found in use before any module's collection began (a conftest, a plugin).
+        self.culprit: tuple[str, str] | None = None
+        self._cuda_before_modules = False
 
     @property
     def in_child(self) -> bool:
@@ -143,6 +147,22 @@ class Server:
         with contextlib.suppress(BrokenPipeError):  # the client is gone: it stops us anyway
             os.write(self.results, data)
 
+    def pytest_collectstart(self, collector: pytest.Collector) -> None:
+        if isinstance(collector, pytest.Module) and self._watching() and cuda_in_use():
+            self._cuda_before_modules = True  # not a module's import: nothing to leave out
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_make_collect_report(self, collector: pytest.Collector) -> Any:
+        report = yield
+        if isinstance(collector, pytest.Module) and self._watching() and cuda_in_use():
+            self.culprit = (collector.nodeid, str(collector.path))
+        return report
+
+    def _watching(self) -> bool:
+        """Still looking for the module whose import initialises CUDA (CuPy's test_runtime.py
+        asks `deviceGetAttribute` in a skip mark): the server can serve without it."""
+        return self.culprit is None and not self._cuda_before_modules and not self.in_child
+
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool | None:
         if session.config.option.collectonly:
@@ -150,7 +170,8 @@ class Server:
         reason = fork_refusal()
         if reason is not None:
             print(f"capsafe fork server: refused: {reason}", file=sys.stderr)  # in its log
-            self.send(event="refused", reason=reason)
+            module, path = self.culprit or ("", "")
+            self.send(event="refused", reason=reason, module=module, path=path)
             self.answered = True
             return True
         _import_session_end_modules(session.config)

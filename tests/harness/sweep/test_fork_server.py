@@ -258,6 +258,55 @@ def test_closing_while_a_prestarted_server_collects_stops_it_at_once(tmp_path: P
     assert forks.refusals == {}  # closing is not a refusal to report
 
 
+CUDA_AT_IMPORT = (  # a test module whose import initialises CUDA, as far as the checks see
+    "import sys, types\n"
+    "torch = types.ModuleType('torch')\n"
+    "torch.cuda = types.SimpleNamespace(is_initialized=lambda: True)\n"
+    "sys.modules['torch'] = torch\n"
+    "def test_b():\n"
+    "    pass\n"
+)
+
+
+@pytest.mark.parametrize("targets", [[os.curdir], ["test_a.py", "test_b.py"]],
+                         ids=["directory", "files"])  # fmt: skip
+def test_a_module_whose_import_initialises_cuda_is_left_out_and_the_rest_forks(
+    tmp_path: Path, targets: list[str]
+) -> None:
+    """CuPy's test_runtime.py asks the device in a skip mark at import: one such module
+    made every replay of a seven-file CuPy slice run fresh. The server finds the module,
+    starts again without it (`--ignore`, or without the file where it is a target), and only
+    that module's replays run fresh."""
+    suite = write_suite(tmp_path / "suite", {**POLLUTED, "test_b.py": CUDA_AT_IMPORT})
+    forks = ForkExecutor(targets, tmp_path / "servers", start_timeout=120)
+    try:
+        runner = make_runner(suite, tmp_path / "raw", forks)
+        clean = replay(runner, "alone-1", ["test_a.py::test_clean"], 3)
+        culprit = replay(runner, "alone-2", ["test_b.py::test_b"], 3)
+    finally:
+        forks.close()
+    for done in (clean, culprit):
+        assert [r["outcome"] for r in done.rows] == ["passed", "passed", "passed"]
+    assert (forks.forked, forks.fresh) == (1, 1)
+    assert list(forks.unforkable) == ["test_b.py"]
+    assert forks.refusals == {}
+    assert any("test_b.py initialises CUDA at import" in line for line in forks.notes())
+
+
+def test_cuda_initialised_before_any_module_refuses_with_no_module_to_leave_out(
+    tmp_path: Path, forks: ForkExecutor
+) -> None:
+    """A conftest that initialises CUDA is no module's doing: every replay runs fresh."""
+    conftest = CUDA_AT_IMPORT.split("def test_b")[0]
+    suite = write_suite(tmp_path / "suite", {**POLLUTED, "conftest.py": conftest})
+    runner = make_runner(suite, tmp_path / "raw", forks)
+    replay(runner, "alone-1", ["test_a.py::test_clean"], 3)
+    assert (forks.forked, forks.fresh, forks.unforkable) == (0, 1, {})
+    assert list(forks.refusals.values()) == [
+        "CUDA is initialised in this process (torch.cuda.is_initialized())"
+    ]
+
+
 def start(suite: Path, tmp_path: Path, env: dict[str, str] | None = None) -> ForkServer:
     args = ["-p", "capsafe", "-p", "no:xdist", *QUIET, "-q", "--timeout=60"]
     return ForkServer.start(args, suite, env or dict(os.environ), tmp_path / "server", 120)
