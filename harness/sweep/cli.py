@@ -141,7 +141,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--jobs", type=int, default=None, metavar="J",
         help="test processes the reruns, searches and screens run at once (default: W, or "
-        "half the CPUs where that is more, at most 8; with --workers 0, min(4, CPUs))",
+        "half the CPUs where that is more, at most 8; W with --neighbors; with --workers 0, "
+        "min(4, CPUs))",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=None, metavar="S",
                         help="sweep seed; every run's order seed derives from it "

@@ -103,7 +103,8 @@ class Host(Protocol):
 def pool_width(options: SweepOptions) -> int:
     """Threads of a pool, so replay processes at once (--jobs): by default the runs' xdist
     workers, or half the machine's CPUs where that is more (at most 8): reruns are
-    single-process, and a GPU host's sixteen cores would otherwise wait on two at a time.
+    single-process, and a 16-core host would otherwise wait on two at a time. A sweep with
+    neighbour threads (a GPU suite's) keeps to the workers: its processes share the device.
     Without xdist, min(4, CPUs). A failure seen beside other processes is confirmed with
     none alive (Isolation.alone), so the width changes what a phase costs, not its verdicts."""
     if options.jobs:
@@ -111,6 +112,8 @@ def pool_width(options: SweepOptions) -> int:
     cpus = os.cpu_count() or 1
     if not options.workers:
         return min(4, cpus)
+    if options.neighbors:  # processes sharing one GPU: 8 at once made each alone rerun 4x
+        return options.workers  # slower on the H200 and left an attribution undecided
     return max(options.workers, min(8, cpus // 2))
 
 

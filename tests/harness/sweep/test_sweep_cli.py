@@ -179,22 +179,24 @@ def test_an_ini_without_xdist_names_pytests_error_and_workers_0(
 
 
 @pytest.mark.parametrize(
-    ("workers", "jobs", "cpus", "width"),
+    ("workers", "jobs", "cpus", "width", "neighbors"),
     [
-        (2, None, 2, 2),  # a 2-core machine: the runs' workers, as before --jobs
-        (2, None, 16, 8),  # a 16-core GPU host: half its CPUs
-        (2, None, 64, 8),  # at most 8 by default
-        (12, None, 16, 12),  # never fewer than the runs' workers
-        (0, None, 16, 4),  # without xdist: min(4, CPUs)
-        (0, None, 1, 1),
-        (2, 3, 16, 3),  # --jobs decides
+        (2, None, 2, 2, 0),  # a 2-core machine: the runs' workers, as before --jobs
+        (2, None, 16, 8, 0),  # a 16-core host: half its CPUs
+        (2, None, 16, 2, 2),  # with neighbour threads (a GPU suite): the workers
+        (2, 6, 16, 6, 2),
+        (2, None, 64, 8, 0),  # at most 8 by default
+        (12, None, 16, 12, 0),  # never fewer than the runs' workers
+        (0, None, 16, 4, 0),  # without xdist: min(4, CPUs)
+        (0, None, 1, 1, 0),
+        (2, 3, 16, 3, 0),  # --jobs decides
     ],
 )
 def test_replay_processes_at_once_follow_jobs_workers_and_the_cpus(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, workers: int, jobs: int | None, cpus: int,
-    width: int,
+    width: int, neighbors: int,
 ) -> None:  # fmt: skip
     monkeypatch.setattr("os.cpu_count", lambda: cpus)
     options = SweepOptions(paths=(tmp_path,), out=tmp_path / "out", seed=1, workers=workers,
-                           jobs=jobs)  # fmt: skip
+                           jobs=jobs, neighbors=neighbors)  # fmt: skip
     assert pool_width(options) == width
