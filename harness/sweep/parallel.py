@@ -30,7 +30,8 @@ import concurrent.futures
 import math
 import statistics
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 from ..verdicts import fold
 from ..verdicts.evidence import VERIFY_TIMES
@@ -44,6 +45,9 @@ PAIR_WINDOW_S = 0.2  # how long the candidates' side of a pair run keeps repeati
 MAX_REPEATS = 100  # at most so many rounds of the candidates in one pair run
 COVER = 1.5  # the test's side lasts this many times the candidates' (as the runs timed them)
 MAX_VICTIM_REPEATS = 300  # at most so many repetitions of the test in one pair run
+TIMING_REPEATS = 5  # repetitions of each test in the one process that times them
+RERUNS = 2  # pair runs again when the test's side was not beside the group's to its end
+COVERED = 0.9  # "beside to the end": beside at least this share of the group's side
 
 FIRST_FAILURE = ("-x",)  # the test's side stops at its first failure: that decides the pair run
 ProcessKey = tuple[str, str, int]  # (run id, worker, pid): one suite-run process
@@ -194,35 +198,31 @@ class ParallelCheck:
         pending = self.candidates(nodeid)
         if not pending:
             return
-        repeat = self._per_repetition.get(nodeid)
-        spent = 0
+        pairs = _PairRuns(self, nodeid)
         group = pending[:1]
-        while group and spent < MAX_PAIR_RUNS and self.host.budget_left():
-            spent += 1
-            if not self._beside(nodeid, group, repeat):
+        while group and pairs.left():
+            if not pairs.fails_beside(group):
                 if len(group) == len(pending):
                     return  # none of those left makes it fail: the candidates are exhausted
                 pending = pending[len(group) :]
                 group = pending
                 continue
             hits = 1
-            while len(group) > 1 and spent < MAX_PAIR_RUNS and self.host.budget_left():
+            while len(group) > 1 and pairs.left():
                 half, rest = group[: len(group) // 2], group[len(group) // 2 :]
-                spent += 1
-                group, hits = (half, 1) if self._beside(nodeid, half, repeat) else (rest, 0)
+                group, hits = (half, 1) if pairs.fails_beside(half) else (rest, 0)
             if len(group) > 1:
                 return
             partner = group[0]
-            while hits < VERIFY_TIMES:
-                if spent >= MAX_PAIR_RUNS or not self.host.budget_left():
-                    return
-                spent += 1
-                if not self._beside(nodeid, [partner], repeat):
+            while hits < VERIFY_TIMES and pairs.left():
+                if not pairs.fails_beside([partner]):
                     break
                 hits += 1
             if hits >= VERIFY_TIMES:
                 with self.store.lock:
                     self.store.ev(nodeid).collides_with = [partner]
+                return
+            if not pairs.left():
                 return
             pending.remove(partner)
             group = pending
@@ -239,11 +239,12 @@ class ParallelCheck:
         return max(1, min(MAX_REPEATS, math.ceil(PAIR_WINDOW_S / span)))
 
     def _time_repetitions(self, tests: Sequence[str]) -> None:
-        """One process, with nothing beside it, repeats each test in turn: a test that
-        passes every repetition gets its seconds per repetition; one that fails (then a
-        failure of its repetitions beside a group would not be the group's doing) is run
-        once in its pair runs."""
-        blocks = {n: self._times([n]) for n in tests}
+        """One process, with nothing beside it, repeats each test TIMING_REPEATS times in
+        turn (each repetition its module set up and torn down, harness/plugin/repeats.py):
+        a test that passes every repetition gets its seconds per repetition; one that fails
+        (then a failure of its repetitions beside a group would not be the group's doing)
+        is run once in its pair runs."""
+        blocks = {n: min(TIMING_REPEATS, self._times([n])) for n in tests}
         blocks = {n: times for n, times in blocks.items() if times > 1}
         if not blocks or not self.host.budget_left():
             return
@@ -259,21 +260,19 @@ class ParallelCheck:
         return next((a.seed for a in self.store.run_attempts.values()
                      if a.nodeid == nodeid and a.failed), None)  # fmt: skip
 
-    def _beside(self, nodeid: str, group: Sequence[str], repeat: float | None) -> bool:
-        """Did `nodeid` fail, run (repeated) in one process while `group` ran (repeated)
-        in another, started together with no other process of the sweep alive?"""
+    def _beside(self, nodeid: str, group: Sequence[str], times: int) -> _PairRun:
+        """One pair run: `nodeid` run `times` times in one process while `group` ran
+        (repeated) in another, started together with no other process of the sweep alive."""
         seed = self._first_seed(nodeid)
-        rounds = self._times(group)
-        others = list(group) * rounds
-        span = rounds * sum(self._duration(n) for n in group)  # its side, as the runs timed it
-        times = 1 if repeat is None else math.ceil(COVER * span / repeat)
-        mine = [nodeid] * max(1, min(MAX_VICTIM_REPEATS, times))
+        others = list(group) * self._times(group)
+        mine = [nodeid] * times
         with self.host.only() as token, concurrent.futures.ThreadPoolExecutor(1) as pair:
             other = pair.submit(self.host.replay, others, seed=seed, kind="beside", group=token)
             done = self.host.replay(mine, seed=seed, kind="beside", extra=FIRST_FAILURE,
                                     group=token)  # fmt: skip
-            other.result()
-        return done.outcome(nodeid)[0] is True
+            beside = other.result()
+        return _PairRun(done.outcome(nodeid)[0] is True, _span(done.attempts.values()),
+                        _span(beside.attempts.values()))  # fmt: skip
 
     # -- the report's first line ----------------------------------------------------------
     def _note_collisions(self, collisions: int) -> None:
@@ -286,3 +285,62 @@ class ParallelCheck:
                     "passes); run the order search with `--workers 0`")  # fmt: skip
             with self.store.lock:
                 self.store.notes.insert(0, line)
+
+
+def _span(attempts: Iterable[fold.Attempt]) -> tuple[float, float] | None:
+    """(first start, last stop) of a process's attempts; None when it ran none."""
+    every = [a for a in attempts if a.stop > a.start]
+    return (min(a.start for a in every), max(a.stop for a in every)) if every else None
+
+
+class _PairRun(NamedTuple):
+    failed: bool  # the test failed on its side
+    mine: tuple[float, float] | None  # its side's first start and last stop
+    theirs: tuple[float, float] | None  # the group's side's
+
+    def beside_to_the_end(self) -> bool:
+        """Its side ran beside (nearly) all of the group's: a pass then says no."""
+        if self.mine is None or self.theirs is None:
+            return True  # nothing to go by: taken at its word, as before
+        both = min(self.mine[1], self.theirs[1]) - max(self.mine[0], self.theirs[0])
+        return both >= COVERED * (self.theirs[1] - self.theirs[0])
+
+
+class _PairRuns:
+    """One parallel-unsafe test's pair runs: how many are left, and each one's answer.
+
+    The test's side repeats it COVER times as long as the group's side lasts (as the
+    suite runs timed the group, and its repetitions timed it). On a loaded machine the two
+    processes do not keep that pace: a side starts late or crawls, and a test whose side
+    ended while the group's still ran was not beside it for the rest. A pass in such a
+    pair run proves nothing: it is run again (up to RERUNS times, each a pair run of the
+    test's MAX_PAIR_RUNS), the test's side as long, at the pace it just ran, as the
+    group's really was."""
+
+    def __init__(self, check: ParallelCheck, nodeid: str) -> None:
+        self.check = check
+        self.nodeid = nodeid
+        self.spent = 0
+        self.repeat = check._per_repetition.get(nodeid)  # its seconds per repetition
+
+    def left(self) -> bool:
+        return self.spent < MAX_PAIR_RUNS and self.check.host.budget_left()
+
+    def fails_beside(self, group: Sequence[str]) -> bool:
+        """Did it fail beside `group`, in a pair run that kept it beside the group?"""
+        check = self.check
+        span = check._times(group) * sum(check._duration(n) for n in group)
+        times = 1 if self.repeat is None else math.ceil(COVER * span / self.repeat)
+        times = max(1, min(MAX_VICTIM_REPEATS, times))
+        for _ in range(1 + RERUNS):
+            if not self.left():
+                return False
+            self.spent += 1
+            run = check._beside(self.nodeid, group, times)
+            if run.failed or self.repeat is None or run.beside_to_the_end():
+                return run.failed
+            assert run.mine is not None and run.theirs is not None
+            self.repeat = max(run.mine[1] - run.mine[0], 1e-3) / times  # its pace now
+            needed = math.ceil(COVER * (run.theirs[1] - run.mine[0]) / self.repeat)
+            times = max(1, min(MAX_VICTIM_REPEATS, max(times, needed)))
+        return False
