@@ -6,9 +6,9 @@ at the ddmin cap, 93 tests left flaky). So before any order search, this phase d
 from the run records which failures happened only while another worker ran (each
 attempt's window counted from its first phase's own start: a collision during setup
 counts), and replays the order each of those tests failed in, in one process with no
-other process alive, K times: a test that passes them all is parallel-unsafe and never
-goes to a polluter search. The replays are batched: one replay of a worker's whole
-sequence decides every suspect that failed in it.
+other process alive, K times (and each of its failing orders at least once): a test that
+passes them all is parallel-unsafe and never goes to a polluter search. The replays are
+batched: one replay of a worker's whole sequence decides every suspect that failed in it.
 
 Then pair runs narrow its partner by group testing over the tests that overlapped it
 (issue 21): the test in one process and a group of candidates in another, started
@@ -136,18 +136,21 @@ class ParallelCheck:
 
     # -- the sequence replays ---------------------------------------------------------
     def _sequence_jobs(self, suspects: Sequence[str]) -> list[tuple[ProcessKey, tuple[str, ...]]]:
-        """(process, the suspects it decides) for K rounds: a suspect's k-th replay is of
-        the process of its (k mod n)-th failing attempt, so up to K of its failing orders
-        are replayed; suspects failing in one process share its replays."""
+        """(process, the suspects it decides) in K rounds: a suspect with n failing attempts
+        gets max(K, n) replays, the k-th of the process of its (k mod n)-th failing attempt
+        in round k mod K, so every order it failed in is replayed, and at least K times in
+        all (python-fs's test_mkdir failed in 5 runs, once after its polluter: replaying 3
+        of the 5 orders called it parallel-unsafe in one sweep and order-dependent in
+        another); suspects failing in one process share its replay in a round."""
         every = self.store.run_attempts
         run_ids = self.store.run_ids
         rounds: list[dict[ProcessKey, list[str]]] = [{} for _ in range(VERIFY_TIMES)]
         for nodeid in suspects:
             fails = sorted((a for a in every.values() if a.nodeid == nodeid and a.failed),
                            key=lambda a: run_ids.index(a.run_id))  # fmt: skip
-            for k in range(VERIFY_TIMES):
+            for k in range(max(VERIFY_TIMES, len(fails))):
                 key = _process(fails[k % len(fails)])
-                rounds[k].setdefault(key, []).append(nodeid)
+                rounds[k % VERIFY_TIMES].setdefault(key, []).append(nodeid)
         return [(key, tuple(tests)) for r in rounds for key, tests in r.items()]
 
     def _sequence_of(self, key: ProcessKey) -> list[str]:

@@ -200,6 +200,39 @@ def test_a_failure_its_order_reproduces_goes_to_the_order_search(tmp_path: Path)
     assert not check.store.explained(VICTIM)  # the polluter search takes it
 
 
+def test_every_order_a_suspect_failed_in_is_replayed(tmp_path: Path) -> None:
+    """A test that failed in five runs, four of them collisions and the last after its
+    polluter (python-fs's test_mkdir): the fifth order is replayed too, and fails."""
+    polluter = "t.py::test_polluter"
+
+    class Ordered(PairHost):  # fails after the polluter in its process, passes otherwise
+        def replay(self, sequence: Sequence[str], **kw: Any) -> Replayed:
+            done = super().replay(sequence, **kw)
+            if kw["kind"] == "sequence" and polluter in sequence:
+                done.attempts[VICTIM] = attempt(VICTIM, "sequence", "main", 0, 1, failed=True)
+            return done
+
+    store = EvidenceStore(tmp_path, 60.0)
+    for i in range(1, 6):
+        run = f"run-{i}"
+        store.run_ids.append(run)
+        found = [attempt(VICTIM, run, "gw0", 10.0, 20.0, failed=True, index=1),
+                 attempt("t.py::test_0", run, "gw1", 10.0, 11.0)]  # fmt: skip
+        if i == 5:
+            found.append(attempt(polluter, run, "gw0", 9.0, 9.5, index=0))
+        for a in found:
+            store.run_attempts[(run, a.nodeid)] = a
+    ev = store.ev(VICTIM)
+    ev.runs, ev.failures, ev.isolation_runs = 5, 5, 3
+    host = Ordered("t.py::test_0")
+    options = SweepOptions(paths=(tmp_path,), out=tmp_path, seed=1, workers=2)
+    check = ParallelCheck(options, host, store)
+    check.run()
+    assert store.ev(VICTIM).concurrent == [] and host.kinds["beside"] == 0
+    assert not check.store.explained(VICTIM)  # the polluter search takes it
+    assert host.kinds["sequence"] <= 5  # each failing order at most once: it failed in one
+
+
 def test_a_failure_with_no_other_worker_running_is_no_suspect(tmp_path: Path) -> None:
     store = store_with_collision(tmp_path, 0)
     check = ParallelCheck(SweepOptions(paths=(tmp_path,), out=tmp_path, seed=1, workers=2),
