@@ -15,13 +15,16 @@ Then pair runs narrow its partner by group testing over the tests that overlappe
 together with no other process of the sweep alive. A collision of a few milliseconds
 needs time to happen, so the group's side repeats its tests for about PAIR_WINDOW_S (as
 the suite runs timed them) and the test's side repeats the test COVER times as long (as
-its repetitions timed it in one process with nothing beside it, one process for all
-such tests), stopping at its first failure; a test that fails repeated so is run once.
-The likeliest candidate is tried alone first; a group beside which it fails is halved,
-the half that keeps it failing kept; a single candidate is named the one it collides
-with once it made it fail K times of K. The search stops there, or when no candidate is
-left, or after MAX_PAIR_RUNS pair runs for that test (the phase's own bound: no
-per-phase budget option exists yet).
+its repetitions timed it in one process with nothing beside it, one process for all such
+tests), stopping at its first failure; a test that fails repeated so is run once. Each
+repetition sets its module up and tears it down (harness/plugin/repeats.py): a collision
+of one module's teardown with another's setup (python-fs) needs both every time. A pair
+run whose test side was over while the group's still ran (a loaded machine) is run
+again, longer (`_PairRuns`): its pass said nothing. The likeliest candidate is tried
+alone first; a group beside which it fails is halved, the half that keeps it failing
+kept; a single candidate is named the one it collides with once it made it fail K times
+of K. The search stops there, or when no candidate is left, or after MAX_PAIR_RUNS pair
+runs for that test (the phase's own bound: no per-phase budget option exists yet).
 """
 
 from __future__ import annotations
