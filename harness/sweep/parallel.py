@@ -300,6 +300,8 @@ def _span(attempts: Iterable[fold.Attempt]) -> tuple[float, float] | None:
 
 
 class _PairRun(NamedTuple):
+    """What one pair run showed: the test's outcome, and when each side ran."""
+
     failed: bool  # the test failed on its side
     mine: tuple[float, float] | None  # its side's first start and last stop
     theirs: tuple[float, float] | None  # the group's side's
