@@ -183,6 +183,30 @@ def test_a_pair_run_whose_test_side_ended_first_is_run_again_longer(tmp_path: Pa
     assert host.mine[1] > host.mine[0]  # run again with the test's side longer
 
 
+def test_a_test_the_runs_timed_long_is_still_timed_and_repeated(tmp_path: Path) -> None:
+    """The victim took 10 s in the suite runs (waiting on its partner, or a loaded
+    machine): its repetitions are timed alone all the same, and its side of a pair run
+    repeats it, where untimed it ran once (shared_dir under load named no partner)."""
+
+    class Sides(PairHost):
+        def __init__(self, partner: str) -> None:
+            super().__init__(partner)
+            self.mine: list[int] = []  # repetitions of the test's side, each pair run
+
+        def replay(self, sequence: Sequence[str], **kw: Any) -> Replayed:
+            if kw["kind"] == "beside" and VICTIM in sequence:
+                self.mine.append(len(sequence))
+            return super().replay(sequence, **kw)
+
+    host = Sides("t.py::test_0")
+    options = SweepOptions(paths=(tmp_path,), out=tmp_path, seed=1, workers=2)
+    check = ParallelCheck(options, host, store_with_collision(tmp_path, 2))
+    check.run()
+    assert host.kinds["repeat"] == 1
+    assert host.mine and min(host.mine) > 1
+    assert check.store.ev(VICTIM).collides_with == ["t.py::test_0"]
+
+
 def test_a_failure_its_order_reproduces_goes_to_the_order_search(tmp_path: Path) -> None:
     class Ordered(PairHost):  # fails after what ran before it in its process
         def replay(self, sequence: Sequence[str], **kw: Any) -> Replayed:
