@@ -29,7 +29,17 @@ from ..records import (
     first_lines,
     records_path,
 )
-from . import capture_errors, env_watch, gpus, neighbor_run, order, phase_times, protect, randomly
+from . import (
+    capture_errors,
+    env_watch,
+    gpus,
+    neighbor_run,
+    order,
+    phase_times,
+    protect,
+    randomly,
+    repeats,
+)
 from .captures import CaptureLog
 from .seeding import Reseeder, registered_seeders
 
@@ -408,9 +418,11 @@ class CapsafeRun:
             self._reseed()
 
     @pytest.hookimpl(tryfirst=True)
-    def pytest_runtest_teardown(self, item: pytest.Item) -> None:
+    def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> None:
         if self.settings.seed is not None:
             self._reseed()
+        if self.settings.replay is not None:
+            repeats.tear_down_repetition(item, nextitem)
 
     def _reseed(self) -> None:
         if self.reseed is None:

@@ -37,7 +37,7 @@ def test_every_defect_has_a_suite() -> None:
         "brittle", "brittle_setters", "capture", "capture_leak", "capture_library_error",
         "capture_polluter", "cleaners", "collisions", "crash", "cuda_core_capture", "flaky",
         "frozen_config", "hang", "hidden_victims", "leftover_file", "neighbour_state",
-        "ordinary", "polluter",
+        "ordinary", "polluter", "shared_dir",
     }  # fmt: skip
 
 

@@ -148,6 +148,65 @@ def test_the_pair_runs_of_one_test_are_bounded(tmp_path: Path) -> None:
     assert len(host.groups) <= MAX_PAIR_RUNS
 
 
+def test_a_pair_run_whose_test_side_ended_first_is_run_again_longer(tmp_path: Path) -> None:
+    """On a loaded machine one side of a pair run can crawl: the test's side was over
+    while the partner's still ran, so its pass said nothing, and it is run again with the
+    test's side as long as the partner's really was (python-fs under load)."""
+
+    class Crawling(PairHost):  # the first pair run's test side ends a third of the way in
+        def __init__(self, partner: str) -> None:
+            super().__init__(partner)
+            self.mine: list[int] = []  # repetitions of the test's side, each pair run
+
+        def replay(self, sequence: Sequence[str], **kw: Any) -> Replayed:
+            done = super().replay(sequence, **kw)
+            if kw["kind"] == "beside" and VICTIM in sequence:
+                self.mine.append(len(sequence))
+                if len(self.mine) == 1:
+                    done.attempts[VICTIM] = attempt(VICTIM, "beside", "main", 0.0, 0.3)
+            return done
+
+    store = EvidenceStore(tmp_path, 60.0)
+    for run in ("run-1", "run-2"):  # a short test, so its repetitions are timed
+        store.run_ids.append(run)
+        for a in (attempt(VICTIM, run, "gw0", 10.0, 10.05, failed=True),
+                  attempt("t.py::test_0", run, "gw1", 10.0, 10.1)):  # fmt: skip
+            store.run_attempts[(run, a.nodeid)] = a
+    ev = store.ev(VICTIM)
+    ev.runs, ev.failures, ev.isolation_runs = 2, 2, 3
+    host = Crawling("t.py::test_0")
+    options = SweepOptions(paths=(tmp_path,), out=tmp_path, seed=1, workers=2)
+    check = ParallelCheck(options, host, store)
+    check.run()
+    assert store.ev(VICTIM).collides_with == ["t.py::test_0"]
+    assert len(host.mine) == 1 + VERIFY_TIMES  # the cut-short pair run, then K that failed
+    assert host.mine[1] > host.mine[0]  # run again with the test's side longer
+
+
+def test_a_test_the_runs_timed_long_is_still_timed_and_repeated(tmp_path: Path) -> None:
+    """The victim took 10 s in the suite runs (waiting on its partner, or a loaded
+    machine): its repetitions are timed alone all the same, and its side of a pair run
+    repeats it, where untimed it ran once (shared_dir under load named no partner)."""
+
+    class Sides(PairHost):
+        def __init__(self, partner: str) -> None:
+            super().__init__(partner)
+            self.mine: list[int] = []  # repetitions of the test's side, each pair run
+
+        def replay(self, sequence: Sequence[str], **kw: Any) -> Replayed:
+            if kw["kind"] == "beside" and VICTIM in sequence:
+                self.mine.append(len(sequence))
+            return super().replay(sequence, **kw)
+
+    host = Sides("t.py::test_0")
+    options = SweepOptions(paths=(tmp_path,), out=tmp_path, seed=1, workers=2)
+    check = ParallelCheck(options, host, store_with_collision(tmp_path, 2))
+    check.run()
+    assert host.kinds["repeat"] == 1
+    assert host.mine and min(host.mine) > 1
+    assert check.store.ev(VICTIM).collides_with == ["t.py::test_0"]
+
+
 def test_a_failure_its_order_reproduces_goes_to_the_order_search(tmp_path: Path) -> None:
     class Ordered(PairHost):  # fails after what ran before it in its process
         def replay(self, sequence: Sequence[str], **kw: Any) -> Replayed:
@@ -163,6 +222,39 @@ def test_a_failure_its_order_reproduces_goes_to_the_order_search(tmp_path: Path)
     assert check.store.ev(VICTIM).concurrent == [] and host.kinds["beside"] == 0
     assert host.kinds["sequence"] == 1  # failing its order once decides it
     assert not check.store.explained(VICTIM)  # the polluter search takes it
+
+
+def test_every_order_a_suspect_failed_in_is_replayed(tmp_path: Path) -> None:
+    """A test that failed in five runs, four of them collisions and the last after its
+    polluter (python-fs's test_mkdir): the fifth order is replayed too, and fails."""
+    polluter = "t.py::test_polluter"
+
+    class Ordered(PairHost):  # fails after the polluter in its process, passes otherwise
+        def replay(self, sequence: Sequence[str], **kw: Any) -> Replayed:
+            done = super().replay(sequence, **kw)
+            if kw["kind"] == "sequence" and polluter in sequence:
+                done.attempts[VICTIM] = attempt(VICTIM, "sequence", "main", 0, 1, failed=True)
+            return done
+
+    store = EvidenceStore(tmp_path, 60.0)
+    for i in range(1, 6):
+        run = f"run-{i}"
+        store.run_ids.append(run)
+        found = [attempt(VICTIM, run, "gw0", 10.0, 20.0, failed=True, index=1),
+                 attempt("t.py::test_0", run, "gw1", 10.0, 11.0)]  # fmt: skip
+        if i == 5:
+            found.append(attempt(polluter, run, "gw0", 9.0, 9.5, index=0))
+        for a in found:
+            store.run_attempts[(run, a.nodeid)] = a
+    ev = store.ev(VICTIM)
+    ev.runs, ev.failures, ev.isolation_runs = 5, 5, 3
+    host = Ordered("t.py::test_0")
+    options = SweepOptions(paths=(tmp_path,), out=tmp_path, seed=1, workers=2)
+    check = ParallelCheck(options, host, store)
+    check.run()
+    assert store.ev(VICTIM).concurrent == [] and host.kinds["beside"] == 0
+    assert not check.store.explained(VICTIM)  # the polluter search takes it
+    assert host.kinds["sequence"] <= 5  # each failing order at most once: it failed in one
 
 
 def test_a_failure_with_no_other_worker_running_is_no_suspect(tmp_path: Path) -> None:
@@ -203,3 +295,28 @@ def test_the_planted_collisions_are_parallel_unsafe_with_no_order_search(tmp_pat
     assert not [s for s in summary["searches"] if s["victim"] in colliding]
     assert "parallel" in summary["phase_times"]["sweep_s"]
     assert summary["notes"][0].startswith("2 of 3 failing tests failed only in collisions")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # a hang watchdog
+def test_a_partner_that_collides_in_its_module_teardown_is_named(tmp_path: Path) -> None:
+    """repro/suites/shared_dir, shaped like python-fs: one module's setup_function makes
+    a shared directory and writes into it, another's teardown_module removes it. The
+    partner's own test does nothing to the directory, so a pair run names it only if each
+    repetition tears its module down (harness/plugin/repeats.py; before, the test's side
+    passed every pair run and no partner was named)."""
+    suite = SUITES / "shared_dir"
+    key = json.loads((suite / "answer_key.json").read_text())
+    options = [f"--{k.replace('_', '-')}={v}" for k, v in key["sweep"].items()]
+    out = tmp_path / "o"
+    done = sweep(str(suite), *options, "--timeout", "10", "--out", str(out), *FAST,
+                 cwd=tmp_path, timeout=570)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    summary = summary_of(out)
+    victim = by_id(summary)["test_index.py::test_index_name"]
+    assert victim["classification"] == "parallel-unsafe", (victim, done.stderr)
+    assert victim["collides_with"] == ["test_cleanup.py::test_cleanup_name"], victim["why"]
+    assert not summary["searches"]
+    assert [t["nodeid"] for t in summary["tests"] if t["classification"] != "pass"] == [
+        "test_index.py::test_index_name"
+    ]
