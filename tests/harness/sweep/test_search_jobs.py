@@ -215,3 +215,54 @@ def test_a_test_that_left_the_environment_changed_is_screened_as_a_polluter(
     searches_over(store, host := ModelHost()).run()
     assert store.ev(V1).polluters == store.ev(V2).polluters == store.ev(V3).polluters == [P]
     assert [kind for kind, _ in host.asked].count("pairs") == 1
+
+
+G0, W3 = "g/test_g.py::test_g0", "g/test_g.py::test_w3"  # W3 fails once G0 ran polluted
+
+
+def third_polluter(sequence: Sequence[str]) -> dict[str, bool]:
+    """`outcomes` plus a module g whose G0, run after P, leaves what W3 fails on; CLEAN
+    restores both."""
+    polluted, g_set = False, False
+    failed: dict[str, bool] = {}
+    for test in sequence:
+        hit = (test in (V1, V2) and polluted) or (test == W3 and g_set)
+        failed[test] = failed.get(test, False) or hit
+        g_set = (g_set or (test == G0 and polluted)) and test != CLEAN
+        polluted = (polluted or test == P) and test != CLEAN
+    return failed
+
+
+def test_a_repeatable_polluters_pair_screen_is_its_module_screens_too(tmp_path: Path) -> None:
+    # Issue 21: the pair screen runs whole modules in their own order, so W3 (which needs
+    # G0, of its own module, after P) fails there, and its search starts from what a
+    # module screen would have run before it: no module screen repeats the pair screen.
+    collected = (P, V1, V2, CLEAN, G0, W3, *PADS)
+    runs = [[P, V1, CLEAN, G0, W3, *PADS], [P, CLEAN, G0, W3, V2, PADS[0]]]
+    store = store_after_runs(tmp_path, runs, third_polluter, collected)
+    assert (store.ev(V1).failures, store.ev(V2).failures, store.ev(W3).failures) == (1, 0, 0)
+    searches_over(store, host := ModelHost(third_polluter)).run()
+    assert store.ev(V2).polluters == [P]
+    assert store.ev(W3).polluters == [P, G0]
+    kinds = [kind for kind, _ in host.asked]
+    assert kinds.count("pairs") == 2  # P's, then that of P + G0
+    assert "screen" not in kinds
+
+
+def not_repeatable(sequence: Sequence[str]) -> dict[str, bool]:
+    """`outcomes`, and P fails when it ran before in the same process."""
+    failed = outcomes(sequence)
+    if sequence.count(P) > 1:
+        failed[P] = True
+    return failed
+
+
+def test_a_polluter_that_fails_when_repeated_gets_module_screens(tmp_path: Path) -> None:
+    # P X1 P X2 ... cannot be trusted when P fails on its second run: every module the pair
+    # screen did not cover is screened with P once before it, and V2 is found there.
+    store = store_after_runs(tmp_path, [[P, V1, *PADS], [V2, P, *PADS]], not_repeatable)
+    searches_over(store, host := ModelHost(not_repeatable)).run()
+    assert store.ev(V2).polluters == [P]
+    screened = {seq[1].split("::")[0] for kind, seq in host.asked if kind == "screen"}
+    assert {"c/test_c.py", "f/test_f.py"} <= screened  # one-test modules get a trial
+    assert any("failed when replayed before each test" in note for note in host.notes)
