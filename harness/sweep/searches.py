@@ -34,7 +34,8 @@ MAX_LEAKERS = 10  # tests that left the environment changed, each screened as a 
 
 Job = tuple[str, ...]
 """(kind, test), ("trial", kind, culprits..., test), ("screen", kind, culprits..., module)
-or ("pairs", kind, culprits..., "")."""
+or ("pairs", kind, culprits..., part): part "" plans a cause's pair screen and runs its
+first process, part "k" its k-th."""
 
 
 def explained_test(job: Job) -> str | None:
@@ -59,6 +60,8 @@ class Searches:
         self._sibling_trials: set[tuple[str, ...]] = set()  # (module, cause...) screened
         self._screen_prefixes: dict[str, tuple[int | None, list[str]]] = {}  # what a screen ran
         self._screen_searched: set[str] = set()  # tests searched from their screen's prefix
+        self._pair_plans: dict[tuple[str, ...], tuple[list[list[str]], set[str]]] = {}
+        self._unrepeatable: set[tuple[str, ...]] = set()  # causes that failed when repeated
         self._lock = store.lock  # one lock over the evidence and what the searches hold
 
     def jobs(self) -> list[Job]:
@@ -98,7 +101,7 @@ class Searches:
         if kind == "screen":
             return self._screen_module(job[1], tuple(job[2:-1]), nodeid)
         if kind == "pairs":
-            return self._pairs(job[1], tuple(job[2:-1]))
+            return self._pairs(job[1], tuple(job[2:-1]), nodeid)
         if not self._claim(nodeid):
             return []
         try:
@@ -254,7 +257,7 @@ class Searches:
             and not self.store.explained(culprit)
         ]  # fmt: skip
 
-    def _pairs(self, kind: str, culprits: tuple[str, ...]) -> list[Job]:
+    def _pairs(self, kind: str, culprits: tuple[str, ...], part: str) -> list[Job]:
         """Trial jobs for the tests that did what the cause explains when replayed directly
         after it: one process runs `P X1 P X2 P X3 ...`, so no cleaner sits between the
         cause and any test, in whatever package it lies. A polluter's candidates are every
@@ -264,50 +267,76 @@ class Searches:
         after the cause and its module's earlier tests, as a module screen would run it, so
         a victim needing a third polluter from its module is a hit, searched from what a
         module screen would have run before it (the search keeps a test's first run, and
-        other modules' cleaners ran between). A cause that fails when repeated is not
-        trusted to have acted again: a note says so, and the modules not covered yet get
-        module screens (the cause once before a whole module) instead, as do those of a
-        replay that stopped early."""
-        want_failed = kind == "polluter"
+        other modules' cleaners ran between). The first process says whether the cause
+        repeats; the others then run beside each other on the pool. A cause that fails when
+        repeated is not trusted to have acted again: a note says so, and the modules not
+        covered get module screens (the cause once before a whole module) instead, as do
+        those of a replay that stopped early."""
+        if part == "":
+            chunks, targets = self._pair_plan(kind, culprits)
+            if not chunks or not self.host.budget_left():
+                return []
+            jobs = self._pair_chunk(kind, culprits, chunks[0], targets)
+            with self._lock:
+                repeats = culprits not in self._unrepeatable
+            if not repeats:
+                return [*jobs, *self._module_screens(kind, culprits, chunks[1:])]
+            return [*jobs, *(("pairs", kind, *culprits, str(k)) for k in range(1, len(chunks)))]
         with self._lock:
-            if want_failed:  # what ever failed alone may crash or stall the replay
-                tests = [
-                    n
-                    for n in self.store.collected
-                    if n not in culprits and not self.store.ev(n).ever_failed_alone
-                ]
+            chunks, targets = self._pair_plans[culprits]
+        return self._pair_chunk(kind, culprits, chunks[int(part)], targets)
+
+    def _pair_plan(self, kind: str, culprits: tuple[str, ...]) -> tuple[list[list[str]], set[str]]:
+        """(the pair screen's processes, each a run of whole modules; its targets), fixed
+        when the screen starts: its processes run whatever was explained meanwhile."""
+        with self._lock:
+            if kind == "polluter":  # what ever failed alone may crash or stall the replay
+                failed_alone = {n for n in self.store.collected
+                                if self.store.ev(n).ever_failed_alone}  # fmt: skip
+                tests = [n for n in self.store.collected if n not in {*culprits, *failed_alone}]
             else:
                 tests = [n for n in self._failing(kind) if n not in culprits]
             targets = {n for n in tests if not self.store.explained(n)}
-        modules = [c for c in module_chunks(tests, PAIRS_PER_REPLAY) if targets.intersection(c)]
-        hits: list[str] = []
-        uncovered: list[str] = []
-        for k, chunk in enumerate(modules):
-            if not self.host.budget_left():
-                break
-            sequence = [n for test in chunk for n in (*culprits, test)]
-            seed = self._first_seed()
-            found = self.host.replay(sequence, seed=seed, kind="pairs").attempts
-            if any(c in found and found[c].failed for c in culprits):
+            chunks = [c for c in module_chunks(tests, PAIRS_PER_REPLAY) if targets & set(c)]
+            self._pair_plans[culprits] = (chunks, targets)
+        return chunks, targets
+
+    def _pair_chunk(
+        self, kind: str, culprits: tuple[str, ...], chunk: list[str], targets: set[str]
+    ) -> list[Job]:
+        """One pair-screen process over `chunk`: trials for its hits, module screens for
+        what it did not cover."""
+        want_failed = kind == "polluter"
+        sequence = [n for test in chunk for n in (*culprits, test)]
+        seed = self._first_seed()
+        found = self.host.replay(sequence, seed=seed, kind="pairs").attempts
+        if any(c in found and found[c].failed for c in culprits):
+            with self._lock:
+                first = culprits not in self._unrepeatable
+                self._unrepeatable.add(culprits)
+            if first:
                 self.host.note(f"{' + '.join(culprits)} failed when replayed before each "
                                "test in turn: its other victims are searched module by "
                                "module")  # fmt: skip
-                uncovered += [n for later in modules[k:] for n in later]
-                break
-            uncovered += [n for n in chunk if n not in found]
-            hit = [n for n in chunk if n in targets and n in found
-                   and found[n].failed is want_failed]  # fmt: skip
-            with self._lock:  # a search starts from what a module screen would have run
-                for n in hit if want_failed else ():
-                    mine = order.module_of(n)
-                    before = [t for t in chunk[: chunk.index(n)] if order.module_of(t) == mine]
-                    self._screen_prefixes.setdefault(n, (seed, [*culprits, *before]))
-            hits += hit
+            return self._module_screens(kind, culprits, [chunk])
+        hits = [n for n in chunk if n in targets and n in found
+                and found[n].failed is want_failed]  # fmt: skip
+        with self._lock:  # a search starts from what a module screen would have run
+            for n in hits if want_failed else ():
+                mine = order.module_of(n)
+                before = [t for t in chunk[: chunk.index(n)] if order.module_of(t) == mine]
+                self._screen_prefixes.setdefault(n, (seed, [*culprits, *before]))
         trials: list[Job] = [("trial", kind, *culprits, n) for n in hits]
-        if not want_failed:
-            return trials
-        screens = dict.fromkeys(order.module_of(n) for n in uncovered)
-        return [*trials, *(("screen", kind, *culprits, m) for m in screens)]
+        lost = [n for n in chunk if n not in found]
+        return [*trials, *self._module_screens(kind, culprits, [lost])]
+
+    @staticmethod
+    def _module_screens(kind: str, culprits: tuple[str, ...], chunks: list[list[str]]) -> list[Job]:
+        """Module screens of a polluter for the modules of `chunks`' tests."""
+        if kind != "polluter":
+            return []
+        modules = dict.fromkeys(order.module_of(n) for chunk in chunks for n in chunk)
+        return [("screen", kind, *culprits, m) for m in modules]
 
     def _failing(self, kind: str) -> list[str]:
         """Tests that failed in the suite and alone as a `kind` would explain: a polluter's
