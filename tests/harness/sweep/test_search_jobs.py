@@ -4,6 +4,7 @@ a verified cause replayed directly before every other test, past the cleaners.""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
@@ -266,3 +267,56 @@ def test_a_polluter_that_fails_when_repeated_gets_module_screens(tmp_path: Path)
     screened = {seq[1].split("::")[0] for kind, seq in host.asked if kind == "screen"}
     assert {"c/test_c.py", "f/test_f.py"} <= screened  # one-test modules get a trial
     assert any("failed when replayed before each test" in note for note in host.notes)
+
+
+class RacingHost(ModelHost):
+    """Runs the first of two jobs; then, while the second holds its test (its replay of
+    `hold` waits), the jobs the first returned, as two pool threads can."""
+
+    def __init__(self, model: Model, hold: tuple[str, ...]) -> None:
+        super().__init__(model)
+        self.hold = hold
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def replay(
+        self, sequence: Sequence[str], *, seed: int | None, kind: str,
+        extra: Sequence[str] = (), exclusive: bool = False, group: object = None,
+    ) -> Replayed:  # fmt: skip
+        if tuple(sequence) == self.hold:
+            self.entered.set()
+            self.release.wait(10)
+        return super().replay(sequence, seed=seed, kind=kind, extra=extra)
+
+    def pool(
+        self, desc: str, jobs: Sequence[Any], work: Callable[[Any, int], list[Any]],
+        target: Callable[[Any], str | None] | None = None,
+    ) -> None:  # fmt: skip
+        first, second = jobs
+        queue = work(first, 0)
+        racer = threading.Thread(target=lambda: queue.extend(work(second, 1)))
+        racer.start()
+        while racer.is_alive() and not self.entered.wait(0.05):
+            pass
+        for job in queue[:]:
+            queue.remove(job)
+            queue += work(job, 2)
+        self.release.set()
+        racer.join()
+        while queue:
+            queue += work(queue.pop(0), 3)
+
+
+def test_a_screen_hit_is_searched_even_while_another_causes_trial_holds_it(
+    tmp_path: Path,
+) -> None:
+    # Two causes' module screens both hit W3 (it needs G0 after P). P's trial does not
+    # reproduce it; the search from the screen's prefix must not be lost to the other
+    # cause's trial holding W3 at that moment.
+    collected = (P, V1, V2, CLEAN, G0, W3, *PADS)
+    store = store_after_runs(tmp_path, [[P, V1, CLEAN, G0, W3, *PADS]], third_polluter, collected)
+    host = RacingHost(third_polluter, hold=(PADS[0], W3))
+    searches = searches_over(store, host)
+    searches._screen_prefixes[W3] = (1, [P, G0])
+    host.pool("", [("trial", "polluter", P, W3), ("trial", "polluter", PADS[0], W3)],
+              searches._job)  # fmt: skip
+    assert store.ev(W3).polluters == [P, G0]
