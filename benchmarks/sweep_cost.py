@@ -9,7 +9,8 @@ Two suites, each measured in one call so machine load hits both sides alike:
   process count and the peak RSS of the sweep process alone and of its process tree
   (read from /proc: Linux only);
 - `--synthetic N`: N trivial tests in 10 files with 3 planted polluter/victim pairs,
-  generated into a temporary directory and swept with `--runs 3`; checks that every
+  generated into a temporary directory and swept with `--runs 3` (two plain runs before
+  it and one after, their median the base); checks that every
   victim a run exposed (it failed in a suite run) is order-dependent after its own
   polluter, and that no other test got a verdict.
 
@@ -21,7 +22,7 @@ python-dateutil 2.9.0 (2,095 tests), as docs/harness.md measured it:
     tar xzf /tmp/du/python-dateutil-2.9.0.tar.gz -C /tmp/du
     python benchmarks/sweep_cost.py --suite /tmp/du/python-dateutil-2.9.0 \\
         --python /tmp/du/venv/bin/python --counts 5,20
-    python benchmarks/sweep_cost.py --synthetic 2000
+    python benchmarks/sweep_cost.py --synthetic 500,2000
 
 The last line holds the ratios; exit 1 when a done-when bound (--limit, --rss-limit,
 --synthetic-limit) or a synthetic verdict check fails.
@@ -202,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", default=sys.executable, help="the suite's interpreter")
     parser.add_argument("--counts", default="5,20", help="--runs of each sweep of --suite")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--synthetic", type=int, default=0, help="tests of the synthetic suite")
+    parser.add_argument("--synthetic", default="", help="synthetic suite sizes: 500,2000")
     parser.add_argument("--out", type=Path, help="keep reports and logs here")
     parser.add_argument("--limit", type=float, default=21.0, help="--runs 20 / plain at most")
     parser.add_argument("--rss-limit", type=float, default=1.3, help="peak RSS 20 / 5 at most")
@@ -221,8 +222,8 @@ def main(argv: list[str] | None = None) -> int:
             real_checks, real_ratios = measure_real(args, args.suite.resolve(), counts, out)
             checks |= real_checks
             ratios += real_ratios
-        if args.synthetic:
-            syn_checks, syn_ratios = measure_synthetic(args, out)
+        for tests in [int(n) for n in args.synthetic.split(",") if n]:
+            syn_checks, syn_ratios = measure_synthetic(args, tests, out)
             checks |= syn_checks
             ratios += syn_ratios
         if keep is None:
@@ -262,23 +263,28 @@ def measure_real(
     return checks, ratios
 
 
-def measure_synthetic(args: argparse.Namespace, out: Path) -> tuple[dict[str, bool], list[str]]:
+def measure_synthetic(
+    args: argparse.Namespace, tests: int, out: Path
+) -> tuple[dict[str, bool], list[str]]:
     root = out / "synthetic-suite"
     shutil.rmtree(root, ignore_errors=True)
-    key = write_synthetic(root, args.synthetic)
+    key = write_synthetic(root, tests)
     py = args.python
-    before = plain(py, ["."], args.workers, root, out / "synthetic-plain-0.log")
-    wall, memory, summary = sweep(py, ["."], 3, args.workers, root, out / "synthetic-sweep")
-    after = plain(py, ["."], args.workers, root, out / "synthetic-plain-1.log")
-    base = statistics.median([before, after])
-    print(f"synthetic, {args.synthetic} tests: plain pytest median {base:.1f} s "
-          f"({before:.1f}, {after:.1f})")  # fmt: skip
-    print(describe("synthetic sweep --runs 3", wall, base, memory, summary))
-    checks = synthetic_checks(summary, key)
-    checks[f"synthetic --runs 3 at most {args.synthetic_limit:g}x plain"] = (
+    # Two plain runs before the sweep and one after, their median the base: one run each
+    # side was 2-5x apart on the loaded machine, and a median of two is their mean.
+    plains = [plain(py, ["."], args.workers, root, out / f"synthetic-{tests}-plain-{k}.log")
+              for k in range(2)]  # fmt: skip
+    wall, memory, summary = sweep(py, ["."], 3, args.workers, root, out / f"synthetic-{tests}")
+    plains.append(plain(py, ["."], args.workers, root, out / f"synthetic-{tests}-plain-2.log"))
+    base = statistics.median(plains)
+    print(f"synthetic, {tests} tests: plain pytest median {base:.1f} s "
+          f"({', '.join(f'{p:.1f}' for p in plains)})")  # fmt: skip
+    print(describe(f"synthetic {tests} sweep --runs 3", wall, base, memory, summary))
+    checks = {f"synthetic {tests}: {c}": ok for c, ok in synthetic_checks(summary, key).items()}
+    checks[f"synthetic {tests} --runs 3 at most {args.synthetic_limit:g}x plain"] = (
         wall / base <= args.synthetic_limit
     )
-    return checks, [f"synthetic {args.synthetic}: {wall / base:.1f}x"]
+    return checks, [f"synthetic {tests}: {wall / base:.1f}x"]
 
 
 if __name__ == "__main__":

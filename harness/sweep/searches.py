@@ -4,9 +4,11 @@ For a test that fails in the suite but never alone, replay what ran before it to
 the polluter; for one that fails alone but passes in the suite, the state-setter
 (harness.sweep.search holds the bisection and ddmin). A cause counts only once verified
 VERIFY_TIMES times each way; a verified cause is then tried on the victim's module
-siblings and on every failing test: a polluter is screened against whole modules in one
-replay each, and each hit gets a trial. A victim no polluter explains goes to the
-parallel check (harness.sweep.parallel). Every process goes through the sweep's `Host`.
+siblings and on every failing test: replayed directly before every other test (the pair
+screen, whole modules in their own order a process), and each hit gets a trial; a
+polluter that fails when repeated is screened against whole modules instead, one replay
+each. A victim no polluter explains goes to the parallel check (harness.sweep.parallel).
+Every process goes through the sweep's `Host`.
 """
 
 from __future__ import annotations
@@ -26,12 +28,14 @@ from .parallel import ParallelCheck
 from .store import EvidenceStore
 
 MAX_PREFIXES = 2  # failing (or passing) runs whose prefix a search tries before widening
-PAIRS_PER_REPLAY = 100  # tests one pair screen (`P X1 P X2 ...`) puts after a cause
+PAIRS_PER_REPLAY = 100  # tests one pair screen (`P X1 P X2 ...`) puts after a cause, in
+# whole modules (a module larger than this is one process)
 MAX_LEAKERS = 10  # tests that left the environment changed, each screened as a polluter
 
 Job = tuple[str, ...]
 """(kind, test), ("trial", kind, culprits..., test), ("screen", kind, culprits..., module)
-or ("pairs", kind, culprits..., "")."""
+or ("pairs", kind, culprits..., part): part "" plans a cause's pair screen and runs its
+first process, part "k" its k-th."""
 
 
 def explained_test(job: Job) -> str | None:
@@ -56,6 +60,8 @@ class Searches:
         self._sibling_trials: set[tuple[str, ...]] = set()  # (module, cause...) screened
         self._screen_prefixes: dict[str, tuple[int | None, list[str]]] = {}  # what a screen ran
         self._screen_searched: set[str] = set()  # tests searched from their screen's prefix
+        self._pair_plans: dict[tuple[str, ...], tuple[list[list[str]], set[str]]] = {}
+        self._unrepeatable: set[tuple[str, ...]] = set()  # causes that failed when repeated
         self._lock = store.lock  # one lock over the evidence and what the searches hold
 
     def jobs(self) -> list[Job]:
@@ -86,7 +92,8 @@ class Searches:
                 self.host.note(f"{len(leakers)} tests left the environment changed: the first "
                                f"{MAX_LEAKERS} were screened as polluters")  # fmt: skip
             leakers = leakers[:MAX_LEAKERS]
-            self._sibling_trials.update(("", n) for n in leakers)
+            for n in leakers:
+                self._claim_modules("polluter", (n,))
         return [("pairs", "polluter", n, "") for n in leakers]
 
     def _job(self, job: Job, _: int) -> list[Job]:
@@ -94,7 +101,7 @@ class Searches:
         if kind == "screen":
             return self._screen_module(job[1], tuple(job[2:-1]), nodeid)
         if kind == "pairs":
-            return self._pairs(job[1], tuple(job[2:-1]))
+            return self._pairs(job[1], tuple(job[2:-1]), nodeid)
         if not self._claim(nodeid):
             return []
         try:
@@ -214,25 +221,28 @@ class Searches:
         return True, spent
 
     def _trials(self, kind: str, culprits: Sequence[str], victim: str) -> list[Job]:
-        """Jobs that try a verified cause on other tests: first the cause replayed directly
-        before each of them (`_pairs`: a cleaner never sits between), then, for a polluter,
-        every module once (the victim's first, then those holding failing tests; a victim
-        needing a third polluter from its own module shows there). Cleaners hide victims
-        from shuffled runs, and a test that never failed may be one."""
-        with self._lock:
-            first = ("", *culprits) not in self._sibling_trials
-            self._sibling_trials.add(("", *culprits))
+        """Jobs that try a verified cause on other tests: the cause replayed directly before
+        each of them (`_pairs`: a cleaner never sits between), whole modules at a time in
+        their own order, so a victim needing a third polluter from its own module shows
+        there too; and a polluter's module mirrors. Cleaners hide victims from shuffled
+        runs, and a test that never failed may be one."""
+        first = self._claim_modules(kind, culprits)
         pairs: list[Job] = [("pairs", kind, *culprits, "")] if first else []
         if kind != "polluter":
             return pairs
-        pairs += self._mirrors(culprits, victim)
-        failing = {order.module_of(n) for n in self._failing(kind)}
-        modules = list(dict.fromkeys(order.module_of(n) for n in self.store.collected))
-        modules.sort(key=lambda m: (m != order.module_of(victim), m not in failing))
+        return [*pairs, *self._mirrors(culprits, victim)]
+
+    def _claim_modules(self, kind: str, culprits: Sequence[str]) -> bool:
+        """Mark the cause's pair screen, and for a polluter every module it covers, as
+        taken (no module screen repeats what the pair screen runs: issue 21's cost); False
+        when they were taken already."""
+        modules = dict.fromkeys(order.module_of(n) for n in self.store.collected)
         with self._lock:
-            fresh = [m for m in modules if (m, *culprits) not in self._sibling_trials]
-            self._sibling_trials.update((m, *culprits) for m in fresh)
-        return [*pairs, *(("screen", kind, *culprits, m) for m in fresh)]
+            first = ("", *culprits) not in self._sibling_trials
+            self._sibling_trials.add(("", *culprits))
+            if kind == "polluter":
+                self._sibling_trials.update((m, *culprits) for m in modules)
+        return first
 
     def _mirrors(self, culprits: Sequence[str], victim: str) -> list[Job]:
         """Trials of each polluter as a victim of the cause with it replaced by `victim`, when
@@ -247,35 +257,86 @@ class Searches:
             and not self.store.explained(culprit)
         ]  # fmt: skip
 
-    def _pairs(self, kind: str, culprits: tuple[str, ...]) -> list[Job]:
+    def _pairs(self, kind: str, culprits: tuple[str, ...], part: str) -> list[Job]:
         """Trial jobs for the tests that did what the cause explains when replayed directly
-        after it: one process runs `P X1 P X2 P X3 ...` (PAIRS_PER_REPLAY tests a process),
-        so no cleaner sits between the cause and any test, in whatever package it lies. A
-        polluter's candidates are every unexplained test that never failed alone, a
-        state-setter's the tests that always failed alone. A cause that fails when repeated
-        is not trusted to have acted again: a note says so, and the module screens (a group
-        test: the cause once before a whole module) are what finds its other victims."""
-        want_failed = kind == "polluter"
+        after it: one process runs `P X1 P X2 P X3 ...`, so no cleaner sits between the
+        cause and any test, in whatever package it lies. A polluter's candidates are every
+        unexplained test that never failed alone, a state-setter's the tests that always
+        failed alone. Each process runs whole modules in their own order (PAIRS_PER_REPLAY
+        tests or one module), with the module's explained tests too: every test also runs
+        after the cause and its module's earlier tests, as a module screen would run it, so
+        a victim needing a third polluter from its module is a hit, searched from what a
+        module screen would have run before it (the search keeps a test's first run, and
+        other modules' cleaners ran between). The first process says whether the cause
+        repeats; the others then run beside each other on the pool. A cause that fails when
+        repeated is not trusted to have acted again: a note says so, and the modules not
+        covered get module screens (the cause once before a whole module) instead, as do
+        those of a replay that stopped early."""
+        if part == "":
+            chunks, targets = self._pair_plan(kind, culprits)
+            if not chunks or not self.host.budget_left():
+                return []
+            jobs = self._pair_chunk(kind, culprits, chunks[0], targets)
+            with self._lock:
+                repeats = culprits not in self._unrepeatable
+            if not repeats:
+                return [*jobs, *self._module_screens(kind, culprits, chunks[1:])]
+            return [*jobs, *(("pairs", kind, *culprits, str(k)) for k in range(1, len(chunks)))]
         with self._lock:
-            pool = (
-                [n for n in self.store.collected if not self.store.ev(n).ever_failed_alone]
-                if want_failed else self._failing(kind)
-            )  # fmt: skip
-            tests = [n for n in pool if n not in culprits and not self.store.explained(n)]
-        hits: list[str] = []
-        for start in range(0, len(tests), PAIRS_PER_REPLAY):
-            if not self.host.budget_left():
-                break
-            chunk = tests[start : start + PAIRS_PER_REPLAY]
-            sequence = [n for test in chunk for n in (*culprits, test)]
-            found = self.host.replay(sequence, seed=self._first_seed(), kind="pairs").attempts
-            if any(c in found and found[c].failed for c in culprits):
+            chunks, targets = self._pair_plans[culprits]
+        return self._pair_chunk(kind, culprits, chunks[int(part)], targets)
+
+    def _pair_plan(self, kind: str, culprits: tuple[str, ...]) -> tuple[list[list[str]], set[str]]:
+        """(the pair screen's processes, each a run of whole modules; its targets), fixed
+        when the screen starts: its processes run whatever was explained meanwhile."""
+        with self._lock:
+            if kind == "polluter":  # what ever failed alone may crash or stall the replay
+                failed_alone = {n for n in self.store.collected
+                                if self.store.ev(n).ever_failed_alone}  # fmt: skip
+                tests = [n for n in self.store.collected if n not in {*culprits, *failed_alone}]
+            else:
+                tests = [n for n in self._failing(kind) if n not in culprits]
+            targets = {n for n in tests if not self.store.explained(n)}
+            chunks = [c for c in module_chunks(tests, PAIRS_PER_REPLAY) if targets & set(c)]
+            self._pair_plans[culprits] = (chunks, targets)
+        return chunks, targets
+
+    def _pair_chunk(
+        self, kind: str, culprits: tuple[str, ...], chunk: list[str], targets: set[str]
+    ) -> list[Job]:
+        """One pair-screen process over `chunk`: trials for its hits, module screens for
+        what it did not cover."""
+        want_failed = kind == "polluter"
+        sequence = [n for test in chunk for n in (*culprits, test)]
+        seed = self._first_seed()
+        found = self.host.replay(sequence, seed=seed, kind="pairs").attempts
+        if any(c in found and found[c].failed for c in culprits):
+            with self._lock:
+                first = culprits not in self._unrepeatable
+                self._unrepeatable.add(culprits)
+            if first:
                 self.host.note(f"{' + '.join(culprits)} failed when replayed before each "
                                "test in turn: its other victims are searched module by "
                                "module")  # fmt: skip
-                break
-            hits += [n for n in chunk if n in found and found[n].failed is want_failed]
-        return [("trial", kind, *culprits, n) for n in hits]
+            return self._module_screens(kind, culprits, [chunk])
+        hits = [n for n in chunk if n in targets and n in found
+                and found[n].failed is want_failed]  # fmt: skip
+        with self._lock:  # a search starts from what a module screen would have run
+            for n in hits if want_failed else ():
+                mine = order.module_of(n)
+                before = [t for t in chunk[: chunk.index(n)] if order.module_of(t) == mine]
+                self._screen_prefixes.setdefault(n, (seed, [*culprits, *before]))
+        trials: list[Job] = [("trial", kind, *culprits, n) for n in hits]
+        lost = [n for n in chunk if n not in found]
+        return [*trials, *self._module_screens(kind, culprits, [lost])]
+
+    @staticmethod
+    def _module_screens(kind: str, culprits: tuple[str, ...], chunks: list[list[str]]) -> list[Job]:
+        """Module screens of a polluter for the modules of `chunks`' tests."""
+        if kind != "polluter":
+            return []
+        modules = dict.fromkeys(order.module_of(n) for chunk in chunks for n in chunk)
+        return [("screen", kind, *culprits, m) for m in modules]
 
     def _failing(self, kind: str) -> list[str]:
         """Tests that failed in the suite and alone as a `kind` would explain: a polluter's
@@ -345,7 +406,12 @@ class Searches:
         with self._lock:  # the screen reproduced it with more before it: search that
             searched = nodeid in self._screen_searched or nodeid not in self._screen_prefixes
             self._screen_searched.add(nodeid)
-        return [] if reproduced or searched else [(kind, nodeid)]
+        if reproduced or searched:
+            return []
+        # At once, while this trial still holds the test: a search queued as a job of its
+        # own was dropped when another cause's trial of the same test held it by then
+        # (freezegun's test_uuid1_past, seed 1, left `pass`).
+        return self._search(kind, nodeid)
 
     def _record(self, record: SearchRecord) -> None:
         with self.store.lock:
@@ -381,3 +447,22 @@ class Searches:
             yield None, list(collected[: collected.index(nodeid)])
         others = [n for n in collected if n != nodeid]
         yield self._first_seed(), search.grouped(others, order.module_of(nodeid))
+
+
+def module_chunks(tests: Sequence[str], size: int) -> list[list[str]]:
+    """`tests` in their order, cut into runs of whole modules of about `size` tests: a
+    module is never split (what its earlier tests leave is part of what a later one sees),
+    and one larger than `size` is a run of its own."""
+    chunks: list[list[str]] = []
+    current: list[str] = []
+    by_module: dict[str, list[str]] = {}
+    for n in tests:
+        by_module.setdefault(order.module_of(n), []).append(n)
+    for members in by_module.values():
+        if current and len(current) + len(members) > size:
+            chunks.append(current)
+            current = []
+        current += members
+    if current:
+        chunks.append(current)
+    return chunks

@@ -4,6 +4,7 @@ a verified cause replayed directly before every other test, past the cleaners.""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
@@ -215,3 +216,107 @@ def test_a_test_that_left_the_environment_changed_is_screened_as_a_polluter(
     searches_over(store, host := ModelHost()).run()
     assert store.ev(V1).polluters == store.ev(V2).polluters == store.ev(V3).polluters == [P]
     assert [kind for kind, _ in host.asked].count("pairs") == 1
+
+
+G0, W3 = "g/test_g.py::test_g0", "g/test_g.py::test_w3"  # W3 fails once G0 ran polluted
+
+
+def third_polluter(sequence: Sequence[str]) -> dict[str, bool]:
+    """`outcomes` plus a module g whose G0, run after P, leaves what W3 fails on; CLEAN
+    restores both."""
+    polluted, g_set = False, False
+    failed: dict[str, bool] = {}
+    for test in sequence:
+        hit = (test in (V1, V2) and polluted) or (test == W3 and g_set)
+        failed[test] = failed.get(test, False) or hit
+        g_set = (g_set or (test == G0 and polluted)) and test != CLEAN
+        polluted = (polluted or test == P) and test != CLEAN
+    return failed
+
+
+def test_a_repeatable_polluters_pair_screen_is_its_module_screens_too(tmp_path: Path) -> None:
+    # Issue 21: the pair screen runs whole modules in their own order, so W3 (which needs
+    # G0, of its own module, after P) fails there, and its search starts from what a
+    # module screen would have run before it: no module screen repeats the pair screen.
+    collected = (P, V1, V2, CLEAN, G0, W3, *PADS)
+    runs = [[P, V1, CLEAN, G0, W3, *PADS], [P, CLEAN, G0, W3, V2, PADS[0]]]
+    store = store_after_runs(tmp_path, runs, third_polluter, collected)
+    assert (store.ev(V1).failures, store.ev(V2).failures, store.ev(W3).failures) == (1, 0, 0)
+    searches_over(store, host := ModelHost(third_polluter)).run()
+    assert store.ev(V2).polluters == [P]
+    assert store.ev(W3).polluters == [P, G0]
+    kinds = [kind for kind, _ in host.asked]
+    assert kinds.count("pairs") == 2  # P's, then that of P + G0
+    assert "screen" not in kinds
+
+
+def not_repeatable(sequence: Sequence[str]) -> dict[str, bool]:
+    """`outcomes`, and P fails when it ran before in the same process."""
+    failed = outcomes(sequence)
+    if sequence.count(P) > 1:
+        failed[P] = True
+    return failed
+
+
+def test_a_polluter_that_fails_when_repeated_gets_module_screens(tmp_path: Path) -> None:
+    # P X1 P X2 ... cannot be trusted when P fails on its second run: every module the pair
+    # screen did not cover is screened with P once before it, and V2 is found there.
+    store = store_after_runs(tmp_path, [[P, V1, *PADS], [V2, P, *PADS]], not_repeatable)
+    searches_over(store, host := ModelHost(not_repeatable)).run()
+    assert store.ev(V2).polluters == [P]
+    screened = {seq[1].split("::")[0] for kind, seq in host.asked if kind == "screen"}
+    assert {"c/test_c.py", "f/test_f.py"} <= screened  # one-test modules get a trial
+    assert any("failed when replayed before each test" in note for note in host.notes)
+
+
+class RacingHost(ModelHost):
+    """Runs the first of two jobs; then, while the second holds its test (its replay of
+    `hold` waits), the jobs the first returned, as two pool threads can."""
+
+    def __init__(self, model: Model, hold: tuple[str, ...]) -> None:
+        super().__init__(model)
+        self.hold = hold
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def replay(
+        self, sequence: Sequence[str], *, seed: int | None, kind: str,
+        extra: Sequence[str] = (), exclusive: bool = False, group: object = None,
+    ) -> Replayed:  # fmt: skip
+        if tuple(sequence) == self.hold:
+            self.entered.set()
+            self.release.wait(10)
+        return super().replay(sequence, seed=seed, kind=kind, extra=extra)
+
+    def pool(
+        self, desc: str, jobs: Sequence[Any], work: Callable[[Any, int], list[Any]],
+        target: Callable[[Any], str | None] | None = None,
+    ) -> None:  # fmt: skip
+        first, second = jobs
+        queue = work(first, 0)
+        racer = threading.Thread(target=lambda: queue.extend(work(second, 1)))
+        racer.start()
+        while racer.is_alive() and not self.entered.wait(0.05):
+            pass
+        for job in queue[:]:
+            queue.remove(job)
+            queue += work(job, 2)
+        self.release.set()
+        racer.join()
+        while queue:
+            queue += work(queue.pop(0), 3)
+
+
+def test_a_screen_hit_is_searched_even_while_another_causes_trial_holds_it(
+    tmp_path: Path,
+) -> None:
+    # Two causes' module screens both hit W3 (it needs G0 after P). P's trial does not
+    # reproduce it; the search from the screen's prefix must not be lost to the other
+    # cause's trial holding W3 at that moment.
+    collected = (P, V1, V2, CLEAN, G0, W3, *PADS)
+    store = store_after_runs(tmp_path, [[P, V1, CLEAN, G0, W3, *PADS]], third_polluter, collected)
+    host = RacingHost(third_polluter, hold=(PADS[0], W3))
+    searches = searches_over(store, host)
+    searches._screen_prefixes[W3] = (1, [P, G0])
+    host.pool("", [("trial", "polluter", P, W3), ("trial", "polluter", PADS[0], W3)],
+              searches._job)  # fmt: skip
+    assert store.ev(W3).polluters == [P, G0]
