@@ -316,6 +316,10 @@ def _reseed_numpy() -> None:
         seed()
 
 
+_SERVERS_CAPTURE: list[object] = []
+"""The server's capture objects, held in a child until it exits (see `_own_capture`)."""
+
+
 def _own_capture(config: pytest.Config) -> None:
     """Give this child capture files of its own. pytest's global capture (what tests and
     their fixtures print, reported with a failure) goes to temporary files opened once, in
@@ -325,6 +329,10 @@ def _own_capture(config: pytest.Config) -> None:
     capture = config.pluginmanager.get_plugin("capturemanager")
     if capture is None or getattr(capture, "_global_capturing", None) is None:
         return  # -s / --capture=no: nothing shared
+    # Kept, not closed (closing would put the server's descriptors back) nor left to the
+    # garbage collector: its "unclosed file" ResourceWarning failed the first test of every
+    # child in a project with `filterwarnings = error` (python-dateutil's: 79 false brittles).
+    _SERVERS_CAPTURE.append(capture._global_capturing)
     capture._global_capturing = None
     capture.start_global_capturing()
     capture.suspend_global_capture()

@@ -258,6 +258,22 @@ def test_closing_while_a_prestarted_server_collects_stops_it_at_once(tmp_path: P
     assert forks.refusals == {}  # closing is not a refusal to report
 
 
+def test_a_project_that_makes_warnings_errors_passes_forked_as_fresh(
+    tmp_path: Path, forks: ForkExecutor
+) -> None:
+    """The server's own capture files, dropped in a child, were collected during its first
+    test: the "unclosed file" ResourceWarning then failed that test wherever a project has
+    `filterwarnings = error` (python-dateutil's sweep: 79 tests falsely brittle)."""
+    suite = write_suite(tmp_path / "suite", {"test_w.py": "def test_one():\n    pass\n"
+                                             "def test_two():\n    pass\n"})  # fmt: skip
+    (suite / "pytest.ini").write_text("[pytest]\nfilterwarnings =\n    error\n")
+    runner = make_runner(suite, tmp_path / "raw", forks)
+    done = replay(runner, "alone-1", ["test_w.py::test_one", "test_w.py::test_two"], 3)
+    assert forks.forked == 1
+    assert [r["outcome"] for r in done.rows if r["phase"] == "call"] == ["passed", "passed"]
+    assert done.returncode == 0
+
+
 CUDA_AT_IMPORT = (  # a test module whose import initialises CUDA, as far as the checks see
     "import sys, types\n"
     "torch = types.ModuleType('torch')\n"
