@@ -1,0 +1,60 @@
+"""Applying the diffs `capsafe sweep --fix` writes (issue 25): exactly as `patch` would,
+one after another on one file, and an error (never a guess) where a hunk does not match."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+import pytest
+
+from capsafe_harness.sweep.fix_files import FixFile, PatchError, apply_diff, read_fixes, slug
+
+BEFORE = "".join(f"line {i}\n" for i in range(1, 21))
+
+
+def diff(before: str, after: str) -> str:
+    old, new = before.splitlines(keepends=True), after.splitlines(keepends=True)
+    return "".join(difflib.unified_diff(old, new, "a/t.py", "b/t.py"))
+
+
+def edited(text: str, at: int, new: str) -> str:
+    lines = text.splitlines(keepends=True)
+    lines.insert(at, new)
+    return "".join(lines)
+
+
+def test_a_diff_gives_back_the_text_it_was_made_from() -> None:
+    after = edited(edited(BEFORE, 2, "inserted a\n"), 15, "inserted b\n").replace("line 9\n", "")
+    assert apply_diff(BEFORE, diff(BEFORE, after)) == after
+
+
+def test_two_patches_of_one_file_apply_one_after_the_other() -> None:
+    first, second = edited(BEFORE, 1, "first\n"), edited(BEFORE, 18, "second\n")
+    both = apply_diff(apply_diff(BEFORE, diff(BEFORE, first)), diff(BEFORE, second))
+    assert both == edited(edited(BEFORE, 18, "second\n"), 1, "first\n")
+
+
+def test_a_hunk_whose_context_is_gone_is_an_error() -> None:
+    patch = diff(BEFORE, edited(BEFORE, 5, "new\n"))
+    with pytest.raises(PatchError, match="does not match"):
+        apply_diff(BEFORE.replace("line 5\n", "changed\n"), patch)
+
+
+def test_a_file_without_its_last_newline() -> None:
+    before, after = "a\nb", "a\nx\nb"
+    patch = diff(before, after).replace("\n+x\n b", "\n+x\n b\n\\ No newline at end of file\n")
+    assert apply_diff(before, patch) == after
+
+
+def test_fix_files_round_trip(tmp_path: Path) -> None:
+    fix = FixFile("t.py::test_v", "order-dependent", str(tmp_path), "t.py", "0" * 64, "1" * 64,
+                  "--- a/t.py\n", "idiom", "restores X", "capsafe fix OUT t.py::test_v",
+                  ["t.py::test_p"])  # fmt: skip
+    written = fix.write(tmp_path / "fixes")
+    assert written.name == f"{slug(fix.victim)}.json"
+    assert (tmp_path / "fixes" / f"{slug(fix.victim)}.patch").read_text() == fix.diff
+    assert read_fixes(tmp_path / "fixes") == [fix]
+    (tmp_path / "fixes" / "junk.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"junk\.json is not a capsafe fix"):
+        read_fixes(tmp_path / "fixes")
