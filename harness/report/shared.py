@@ -174,3 +174,9 @@ def cleaners_of(test: Mapping[str, Any]) -> list[str]:
     """The verified cleaners of an order-dependent test (`capsafe sweep --fix`)."""
     found = test.get("cleaners")
     return [str(c) for c in found] if isinstance(found, list | tuple) else []
+
+
+def fix_line(test: Mapping[str, Any]) -> str:
+    """ "Verified fix: HOW; apply: capsafe fix OUT TEST" for a test with a patch, else ''."""
+    fix = fix_of(test)
+    return f"Verified fix: {fix['how']}; apply: {fix['apply']}" if fix else ""

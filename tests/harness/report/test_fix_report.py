@@ -7,6 +7,7 @@ import dataclasses
 
 from test_report import TESTS, summary
 
+from capsafe_harness.report import github, junit
 from capsafe_harness.report.html_page import render_html
 from capsafe_harness.report.markdown import render_markdown
 from capsafe_harness.report.summary import FixRecord, Summary
@@ -57,3 +58,12 @@ def test_a_sweep_without_fix_shows_none_of_it() -> None:
     assert "Fixes" not in render_markdown(plain) and "Verified fix" not in render_markdown(plain)
     page = render_html(plain, {}, [], [])
     assert "<h2>Fixes</h2>" not in page and 'class="fix"' not in page
+
+
+def test_ci_outputs_name_the_fix_and_its_command() -> None:
+    test = {"nodeid": VICTIM, "classification": "order-dependent", "why": "fails after P",
+            "replay": "r", "fix": FIX}  # fmt: skip
+    said = f"Verified fix: {FIX['how']}; apply: {FIX['apply']}"
+    assert junit._failure_text(test).endswith(said)
+    assert said in github.annotation(test, "t.py", 3)
+    assert "Verified fix" not in junit._failure_text({**test, "fix": None})
