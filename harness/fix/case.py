@@ -7,10 +7,25 @@ of the rootdir with a candidate patch applied.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import difflib
+import hashlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
+
+import libcst as cst
+
+from .delta import capped_ddmin
+from .idioms import rewrites
+from .locate import Found, find, read, site_of
+from .transplant import Unit, donation, implant
+from .verify import Checker, OutOfBudget, Scratch
+
+MAX_CLEANERS = 3
+"""Cleaners tried per victim, best first (each costs a minimisation)."""
+STATEMENT_CAP = 32
+"""Replays one statement minimisation may spend before it keeps what it has."""
 
 ReplayIn = Callable[[Path, Sequence[str]], Mapping[str, bool | None]]
 """replay(root, sequence): run `sequence` (node ids relative to the suite's rootdir), in this
@@ -45,6 +60,15 @@ class VerifiedPatch:
     evidence: Mapping[str, object]  # replays run and their outcomes (K passes each check)
 
 
+@dataclass(frozen=True)
+class _Candidate:
+    path: str
+    source: str
+    kind: Literal["idiom", "cleaner", "state-setter"]
+    how: str
+    evidence: Mapping[str, object]
+
+
 def find_patch(
     case: FixCase,
     rootdir: Path,
@@ -55,9 +79,138 @@ def find_patch(
 ) -> VerifiedPatch | None:
     """The best verified patch for `case`, or None when none verified within the budget.
 
-    The engine's strategies land in the next commits (docs/fixes.md); until then no case gets
-    a patch, which is what the sweep must handle anyway (a patch that does not verify is never
-    returned).
+    Order (docs/fixes.md): an idiomatic rewrite of a polluter (it fixes every victim of
+    that polluter), then a cleaner's statements moved into the victim, best cleaner first;
+    for a brittle test, its state-setters' statements. Nothing is written under `rootdir`:
+    every candidate is tried in a scratch copy, and only one that passes every check of
+    harness.fix.verify is returned.
     """
-    del case, rootdir, replay, times, budget_left
+    rootdir = rootdir.resolve()
+    victim = _found(rootdir, case.victim)
+    if victim is None:
+        return None
+    with Scratch(rootdir) as scratch:
+        checker = Checker(
+            scratch, replay, budget_left,
+            victim=case.victim, kind=case.kind, causes=case.causes, times=times,
+        )  # fmt: skip
+        tried: list[str] = []
+        try:
+            if checker.victim_passes():  # it does not misbehave here: nothing to verify against
+                return None
+            for candidate in _candidates(case, rootdir, victim, checker):
+                evidence = checker.verify(candidate.path, candidate.source)
+                if evidence is None:
+                    tried.append(candidate.how)
+                    continue
+                return _patch(case, rootdir, candidate, evidence, tried, checker.replays)
+        except OutOfBudget:
+            return None
     return None
+
+
+def _found(rootdir: Path, nodeid: str) -> Found | None:
+    site = site_of(nodeid)
+    try:
+        _, module = read(rootdir, site.path)
+    except (OSError, UnicodeDecodeError, cst.ParserSyntaxError):
+        return None
+    return find(module, site)
+
+
+def _candidates(
+    case: FixCase, rootdir: Path, victim: Found, checker: Checker
+) -> Iterator[_Candidate]:
+    """Candidate patches, best first, each still to be verified."""
+    if case.kind == "order-dependent":
+        for cause in case.causes:
+            polluter = _found(rootdir, cause)
+            if polluter is None:
+                continue
+            found, notes = rewrites(cause, polluter, rootdir, case.env_leaks)
+            for rewrite in found:
+                yield _Candidate(
+                    rewrite.path, rewrite.source, "idiom", rewrite.how, {"notes": notes}
+                )
+        for cleaner in case.cleaners[:MAX_CLEANERS]:
+            moved = _moved(cleaner, rootdir, victim, checker, "cleaner")
+            if moved is not None:
+                yield moved
+    else:
+        moved = _moved(case.causes, rootdir, victim, checker, "state-setter")
+        if moved is not None:
+            yield moved
+
+
+def _moved(
+    donors: str | Sequence[str],
+    rootdir: Path,
+    victim: Found,
+    checker: Checker,
+    kind: Literal["cleaner", "state-setter"],
+) -> _Candidate | None:
+    """The donors' statements, minimised, at the start of the victim; None when even all of
+    them do not make it pass (or none can move)."""
+    ids = [donors] if isinstance(donors, str) else list(donors)
+    units: list[Unit] = []
+    skipped: list[str] = []
+    for donor_id in ids:
+        donor = _found(rootdir, donor_id)
+        if donor is None:
+            skipped.append(f"{donor_id}: its code was not found")
+            continue
+        offered = donation(donor_id, donor, victim)
+        units += offered.units
+        skipped += offered.skipped
+    names = ", ".join(ids)
+    comment = f"capsafe fix: from the {kind} {names}, so this test needs no other test first"
+
+    def source(indices: Sequence[int]) -> str:
+        return implant(victim, [units[i] for i in indices], comment).code
+
+    def fixes(indices: Sequence[int]) -> bool:
+        checker.scratch.write(victim.site.path, source(indices))
+        try:
+            return checker.victim_passes()
+        finally:
+            checker.scratch.restore()
+
+    everything = list(range(len(units)))
+    if not units or not fixes(everything):
+        return None
+    kept, capped = capped_ddmin(everything, fixes, STATEMENT_CAP)
+    how = (
+        f"{victim.site.path}::{'::'.join((*victim.site.classes, victim.site.name))} starts with "
+        f"{len(kept)} statement(s) of its {kind} {names}"
+    )
+    evidence = {"statements": len(units), "kept": len(kept), "capped": capped, "skipped": skipped}
+    return _Candidate(victim.site.path, source(kept), kind, how, evidence)
+
+
+def _patch(
+    case: FixCase,
+    rootdir: Path,
+    candidate: _Candidate,
+    checks: Mapping[str, object],
+    tried: list[str],
+    replays: int,
+) -> VerifiedPatch:
+    before = (rootdir / candidate.path).read_bytes()
+    diff = "".join(
+        difflib.unified_diff(
+            before.decode("utf-8").splitlines(keepends=True),
+            candidate.source.splitlines(keepends=True),
+            fromfile=f"a/{candidate.path}",
+            tofile=f"b/{candidate.path}",
+        )
+    )
+    evidence = {**candidate.evidence, **checks, "replays": replays, "tried_first": tried}
+    return VerifiedPatch(
+        victim=case.victim,
+        path=candidate.path,
+        sha256_before=hashlib.sha256(before).hexdigest(),
+        diff=diff,
+        source=candidate.kind,
+        how=candidate.how,
+        evidence=evidence,
+    )

@@ -1,0 +1,516 @@
+"""Idiomatic fixes of a polluter, read off its source: make it restore what it changes.
+
+A polluter that writes shared state with a plain statement is rewritten to use the pytest
+tool made for it, which undoes the change when the test ends, so every victim of that
+polluter is fixed at once (docs/fixes.md has the table):
+
+    os.environ[K] = v, os.environ.update({K: v}), os.putenv   -> monkeypatch.setenv
+    del os.environ[K], os.environ.pop(K), os.unsetenv          -> monkeypatch.delenv
+    module.attr = v, or a `global` the test rebinds             -> monkeypatch.setattr
+    module.TABLE[k] = v, del module.TABLE[k]                    -> monkeypatch.setitem/delitem
+    module.REGISTRY.append(x), module.register(x) that mutates
+    a module-level container                                    -> monkeypatch.setattr of a copy
+    any other change to os.environ (clear, setdefault, a helper) -> @mock.patch.dict(os.environ)
+
+A unittest.TestCase polluter takes no fixtures: it gets `self.addCleanup` (setattr back) or
+`@unittest.mock.patch.dict(...)` instead. A file written under a fixed path is only noted
+(`tmp_path` suggested). Every rewrite is a candidate: only replay decides that it fixes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import libcst as cst
+
+from .edit import (
+    Import,
+    add_decorator,
+    add_imports,
+    add_params,
+    body_of,
+    dotted,
+    module_bindings,
+    names_used,
+    prepend,
+    replace,
+    with_body,
+)
+from .locate import Found
+
+ENVIRON = "os.environ"
+MONKEYPATCH = "monkeypatch"
+MUTATORS = frozenset(
+    {"append", "extend", "insert", "add", "update", "setdefault", "pop", "popitem", "remove",
+     "clear", "discard", "register", "__setitem__", "__delitem__", "appendleft"}
+)  # fmt: skip
+"""Methods that change a container in place: called on module state, a leak."""
+WRITES = frozenset({"write_text", "write_bytes", "mkdir", "touch", "makedirs", "symlink_to"})
+"""Calls that create a file or directory: under a fixed path, one the next test sees."""
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """A candidate: the polluter's file rewritten, and what the rewrite does."""
+
+    path: str
+    source: str
+    how: str
+
+
+@dataclass
+class _Plan:
+    """What a polluter's statements call for, gathered before anything is rewritten."""
+
+    doc: list[cst.BaseStatement] = field(default_factory=list)
+    body: list[cst.BaseStatement] = field(default_factory=list)
+    replaced: dict[int, list[cst.BaseSmallStatement]] = field(default_factory=dict)
+    prelude: list[str] = field(default_factory=list)
+    decorators: list[str] = field(default_factory=list)
+    params: list[str] = field(default_factory=list)
+    imports: list[Import] = field(default_factory=list)
+    what: list[str] = field(default_factory=list)
+    env_other: bool = False
+
+
+def rewrites(
+    cause: str,
+    polluter: Found,
+    root: Path,
+    env_leaks: Mapping[str, tuple[str | None, str | None]],
+) -> tuple[list[Rewrite], list[str]]:
+    """Candidate rewrites of `polluter`, best first, and notes on what cannot be rewritten."""
+    planner = _Planner(polluter, root)
+    plan = planner.plan()
+    out: list[Rewrite] = []
+    if plan.what:
+        out.append(_apply(polluter, plan, f"{cause}: " + "; ".join(dict.fromkeys(plan.what))))
+    if env_leaks or plan.env_other:
+        doc, body = body_of(polluter.function)
+        fallback = _Plan(
+            doc=doc,
+            body=body,
+            decorators=["unittest.mock.patch.dict(os.environ)"],
+            imports=[Import("os"), Import("unittest.mock")],
+        )
+        leaked = ", ".join(sorted(env_leaks)) or "the environment"
+        how = f"{cause}: @unittest.mock.patch.dict(os.environ) restores {leaked} after it"
+        out.append(_apply(polluter, fallback, how))
+    return [r for r in out if r.source != polluter.module.code], planner.notes
+
+
+def _apply(polluter: Found, plan: _Plan, how: str) -> Rewrite:
+    function = polluter.function
+    if plan.replaced:
+        function = with_body(function, [*plan.doc, *_substitute(plan.body, plan.replaced)])
+    if plan.prelude:
+        function = prepend(
+            function,
+            [cst.parse_statement(line) for line in plan.prelude],
+            "capsafe fix: restore the shared state this test changes",
+        )
+    for decorator in plan.decorators:
+        function = add_decorator(function, decorator)
+    function = add_params(function, plan.params)
+    module = add_imports(replace(polluter.module, polluter.function, function), plan.imports)
+    return Rewrite(polluter.site.path, module.code, how)
+
+
+def _substitute(
+    body: Sequence[cst.BaseStatement], replaced: Mapping[int, list[cst.BaseSmallStatement]]
+) -> list[cst.BaseStatement]:
+    """Top-level statements with the planned ones replaced (by identity of the small one)."""
+    out: list[cst.BaseStatement] = []
+    for stmt in body:
+        if isinstance(stmt, cst.SimpleStatementLine) and id(stmt.body[0]) in replaced:
+            new = replaced[id(stmt.body[0])]
+            out += [
+                (stmt if i == 0 else cst.SimpleStatementLine([])).with_changes(body=[small])
+                for i, small in enumerate(new)
+            ]
+        else:
+            out.append(stmt)
+    return out
+
+
+def _expr(code: str) -> cst.BaseSmallStatement:
+    return cst.Expr(cst.parse_expression(code))
+
+
+def _q(name: str) -> str:
+    """An identifier as a double-quoted string literal (the quotes ruff and black write)."""
+    return f'"{name}"'
+
+
+def _code(node: cst.CSTNode) -> str:
+    return cst.Module([]).code_for_node(node)
+
+
+class _Planner:
+    """Reads one polluter's top-level statements and plans their rewrite."""
+
+    def __init__(self, polluter: Found, root: Path) -> None:
+        self.polluter = polluter
+        self.root = root
+        self.unittest_style = polluter.is_testcase
+        self.bindings = module_bindings(polluter.module)
+        self.notes: list[str] = []
+        doc, body = body_of(polluter.function)
+        self.p = _Plan(doc=doc, body=body)
+        self.globals = _globals(body)
+        self.local = (set(polluter.params) | {"self"} | _assigned(body)) - self.globals
+        self.env_names = {ENVIRON} | {
+            name
+            for name, b in self.bindings.items()
+            if b is not None and b.module == "os" and b.obj == "environ"
+        }
+
+    def plan(self) -> _Plan:
+        for stmt in self.p.body:
+            _note_files(stmt, self.notes, self.polluter.site.name)
+            if not isinstance(stmt, cst.SimpleStatementLine):
+                self.p.env_other |= _touches_env(stmt, self.env_names)
+                continue
+            new = self._statement(stmt.body[0])
+            if new is not None:
+                self.p.replaced[id(stmt.body[0])] = new
+        changes = self.p.replaced or self.p.prelude
+        if not self.unittest_style and changes and MONKEYPATCH not in self.polluter.params:
+            self.p.params.append(MONKEYPATCH)
+        return self.p
+
+    def shared(self, expr: cst.BaseExpression) -> str:
+        """The dotted text of `expr` when it names module state (not a local), else ''."""
+        text = dotted(expr)
+        head = text.split(".", 1)[0]
+        if not text or head in self.local:
+            return ""
+        return text if head in self.bindings or head in self.globals else ""
+
+    def env(self, expr: cst.BaseExpression) -> bool:
+        return dotted(expr) in self.env_names
+
+    def _statement(self, small: cst.BaseSmallStatement) -> list[cst.BaseSmallStatement] | None:
+        """The statements that replace `small` (pytest style), or None to leave it (unittest
+        style keeps it and plans a restoring statement or decorator instead)."""
+        if isinstance(small, cst.Assign) and len(small.targets) == 1:
+            return self._assign(small.targets[0].target, _code(small.value))
+        if isinstance(small, cst.Del) and isinstance(small.target, cst.Subscript):
+            return self._delete(small.target)
+        if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+            return self._call(small.value)
+        return None
+
+    def _assign(
+        self, target: cst.BaseAssignTargetExpression, value: str
+    ) -> list[cst.BaseSmallStatement] | None:
+        p, mp = self.p, MONKEYPATCH
+        if isinstance(target, cst.Subscript):
+            key = _key(target)
+            if key is None:
+                return None
+            if self.env(target.value):
+                if self.unittest_style:
+                    p.env_other = True
+                    return None
+                p.what.append(f"sets {key} with monkeypatch.setenv")
+                return [_expr(f"{mp}.setenv({key}, {value})")]
+            holder = self.shared(target.value)
+            if not holder:
+                return None
+            if self.unittest_style:
+                p.decorators.append(f"unittest.mock.patch.dict({holder})")
+                p.imports.append(Import("unittest.mock"))
+                p.what.append(f"restores {holder} with unittest.mock.patch.dict")
+                return None
+            p.what.append(f"sets {holder}[{key}] with monkeypatch.setitem")
+            return [_expr(f"{mp}.setitem({holder}, {key}, {value})")]
+        if isinstance(target, cst.Attribute):
+            holder, attr = self.shared(target.value), target.attr.value
+            if not holder or self.env(target):
+                return None
+            p.what.append(f"sets {holder}.{attr} with monkeypatch.setattr")
+            if self.unittest_style:
+                p.prelude.append(f"self.addCleanup(setattr, {holder}, {_q(attr)}, {holder}.{attr})")
+                return None
+            return [_expr(f"{mp}.setattr({holder}, {_q(attr)}, {value})")]
+        if isinstance(target, cst.Name) and target.value in self.globals:
+            name = target.value
+            p.imports.append(Import("sys"))
+            p.what.append(f"rebinds the global {name} with monkeypatch.setattr")
+            here = "sys.modules[__name__]"
+            if self.unittest_style:
+                p.prelude.append(f"self.addCleanup(setattr, {here}, {_q(name)}, {name})")
+                return None
+            return [_expr(f"{mp}.setattr({here}, {_q(name)}, {value})")]
+        return None
+
+    def _delete(self, target: cst.Subscript) -> list[cst.BaseSmallStatement] | None:
+        key = _key(target)
+        if key is None:
+            return None
+        if self.env(target.value):
+            if self.unittest_style:
+                self.p.env_other = True
+                return None
+            self.p.what.append(f"deletes {key} with monkeypatch.delenv")
+            return [_expr(f"{MONKEYPATCH}.delenv({key})")]
+        holder = self.shared(target.value)
+        if holder and not self.unittest_style:
+            self.p.what.append(f"deletes {holder}[{key}] with monkeypatch.delitem")
+            return [_expr(f"{MONKEYPATCH}.delitem({holder}, {key})")]
+        return None
+
+    def _call(self, call: cst.Call) -> list[cst.BaseSmallStatement] | None:
+        p, mp = self.p, MONKEYPATCH
+        name = dotted(call.func)
+        args = [_code(a.value) for a in call.args]
+        plain = all(a.keyword is None and not a.star for a in call.args)
+        if isinstance(call.func, cst.Attribute) and self.env(call.func.value):
+            method = call.func.attr.value
+            if self.unittest_style:
+                p.env_other = True
+                return None
+            pairs = call.args[0].value if len(call.args) == 1 and plain else None
+            if method == "update" and isinstance(pairs, cst.Dict):
+                elements = [e for e in pairs.elements if isinstance(e, cst.DictElement)]
+                if len(elements) == len(pairs.elements):
+                    p.what.append("sets the variables with monkeypatch.setenv")
+                    return [
+                        _expr(f"{mp}.setenv({_code(e.key)}, {_code(e.value)})") for e in elements
+                    ]
+            keywords = [a for a in call.args if a.keyword is not None]
+            if method == "update" and keywords and len(keywords) == len(call.args):
+                p.what.append("sets the variables with monkeypatch.setenv")
+                return [
+                    _expr(f"{mp}.setenv({_q(a.keyword.value)}, {_code(a.value)})")
+                    for a in keywords
+                    if a.keyword is not None
+                ]
+            if method == "pop" and len(args) in (1, 2) and plain:
+                p.what.append(f"deletes {args[0]} with monkeypatch.delenv")
+                return [_expr(f"{mp}.delenv({args[0]}, raising=False)")]
+            p.env_other = True
+            return None
+        if name in ("os.putenv", "os.unsetenv") and plain:
+            if self.unittest_style:
+                p.env_other = True
+                return None
+            if name == "os.putenv" and len(args) == 2:
+                p.what.append(f"sets {args[0]} with monkeypatch.setenv")
+                return [_expr(f"{mp}.setenv({args[0]}, {args[1]})")]
+            if name == "os.unsetenv" and len(args) == 1:
+                p.what.append(f"deletes {args[0]} with monkeypatch.delenv")
+                return [_expr(f"{mp}.delenv({args[0]}, raising=False)")]
+            return None
+        # A registry: module state changed in place, by the test itself or a function it calls.
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value in MUTATORS:
+            holder = self.shared(call.func.value)
+            if "." in holder:
+                owner, attr = holder.rsplit(".", 1)
+                self._copy_before(owner, attr, rebinds=False)
+                return None
+        for owner, attr, rebinds in _mutated_by(name, self.polluter, self.root, self.bindings, p):
+            self._copy_before(owner, attr, rebinds=rebinds)
+        return None
+
+    def _copy_before(self, owner: str, attr: str, *, rebinds: bool) -> None:
+        """Before the test's body: swap `owner.attr` for a copy (or itself, when it is only
+        rebound) that is put back when the test ends."""
+        p = self.p
+        value = f"{owner}.{attr}" if rebinds else f"copy.copy({owner}.{attr})"
+        if not rebinds:
+            p.imports.append(Import("copy"))
+        if self.unittest_style:
+            line = f"self.addCleanup(setattr, {owner}, {_q(attr)}, {owner}.{attr})"
+            if line not in p.prelude:
+                p.prelude.append(line)
+                if not rebinds:
+                    p.prelude.append(f"{owner}.{attr} = {value}")
+        else:
+            line = f"{MONKEYPATCH}.setattr({owner}, {_q(attr)}, {value})"
+            if line not in p.prelude:
+                p.prelude.append(line)
+        p.what.append(f"restores {owner}.{attr} when it ends")
+
+
+def _key(target: cst.Subscript) -> str | None:
+    index = target.slice[0].slice if len(target.slice) == 1 else None
+    return _code(index.value) if isinstance(index, cst.Index) else None
+
+
+def _mutated_by(
+    name: str,
+    polluter: Found,
+    root: Path,
+    bindings: Mapping[str, Import | None],
+    plan: _Plan,
+) -> list[tuple[str, str, bool]]:
+    """(module name as the polluter's file can write it, state, rebound?) for each module-level
+    name the called function `name` changes (one level: its own body), when the function is a
+    module of the suite's own."""
+    head, _, rest = name.partition(".")
+    bound = bindings.get(head)
+    if not isinstance(bound, Import):
+        return []
+    if bound.obj is None and rest and "." not in rest:  # import registry; registry.register()
+        module_name, function, owner = bound.module, rest, bound.asname or bound.module
+    elif bound.obj is not None and not rest:  # from registry import register; register()
+        module_name, function, owner = bound.module, bound.obj, bound.module.split(".")[-1]
+        if bound.relative:
+            return []
+        plan.imports.append(Import(bound.module, asname=None))
+        owner = bound.module
+    else:
+        return []
+    source = _module_source(module_name, polluter.site.path, root)
+    if source is None:
+        return []
+    try:
+        module = cst.parse_module(source)
+    except cst.ParserSyntaxError:
+        return []
+    top = module_bindings(module)
+    target = next(
+        (s for s in module.body if isinstance(s, cst.FunctionDef) and s.name.value == function),
+        None,
+    )
+    if target is None:
+        return []
+    found = _StateChanges(set(top))
+    target.body.visit(found)
+    return [(owner, n, n in found.rebound) for n in sorted(found.changed | found.rebound)]
+
+
+class _StateChanges(cst.CSTVisitor):
+    """Module-level names a function mutates in place or rebinds through `global`."""
+
+    def __init__(self, top: set[str]) -> None:
+        self.top = top
+        self.declared: set[str] = set()
+        self.changed: set[str] = set()
+        self.rebound: set[str] = set()
+
+    def visit_Global(self, node: cst.Global) -> None:
+        self.declared |= {n.name.value for n in node.names}
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if (
+            isinstance(func, cst.Attribute)
+            and func.attr.value in MUTATORS
+            and isinstance(func.value, cst.Name)
+            and func.value.value in self.top
+        ):
+            self.changed.add(func.value.value)
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        target = node.target
+        if isinstance(target, cst.Name) and target.value in self.declared:
+            self.rebound.add(target.value)
+        if (
+            isinstance(target, cst.Subscript)
+            and isinstance(target.value, cst.Name)
+            and target.value.value in self.top
+        ):
+            self.changed.add(target.value.value)
+
+
+def _module_source(module_name: str, test_path: str, root: Path) -> str | None:
+    """The source of `module_name` as the test's process would import it from the suite:
+    beside the test file (pytest's rootdir-relative import) or from the rootdir."""
+    rel = module_name.replace(".", "/")
+    folder = (root / test_path).parent
+    for base in (folder, *folder.parents):
+        for candidate in (base / f"{rel}.py", base / rel / "__init__.py"):
+            if candidate.is_file():
+                return candidate.read_text(encoding="utf-8")
+        if base == root:
+            break
+    return None
+
+
+def _assigned(body: Sequence[cst.BaseStatement]) -> set[str]:
+    """Names the function body binds as plain names: its locals."""
+    out: set[str] = set()
+
+    class _Targets(cst.CSTVisitor):
+        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+            if isinstance(node.target, cst.Name):
+                out.add(node.target.value)
+            elif isinstance(node.target, cst.Tuple | cst.List):
+                out.update(names_used(node.target))
+
+        def visit_For(self, node: cst.For) -> None:
+            out.update(names_used(node.target))
+
+        def visit_AsName(self, node: cst.AsName) -> None:
+            out.update(names_used(node.name))
+
+    for stmt in body:
+        stmt.visit(_Targets())
+    return out
+
+
+def _globals(body: Sequence[cst.BaseStatement]) -> set[str]:
+    out: set[str] = set()
+    for stmt in body:
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if isinstance(small, cst.Global):
+                    out |= {n.name.value for n in small.names}
+    return out
+
+
+def _touches_env(stmt: cst.CSTNode, env_names: set[str]) -> bool:
+    class _Env(cst.CSTVisitor):
+        found = False
+
+        def visit_Attribute(self, node: cst.Attribute) -> None:
+            if dotted(node) in env_names or dotted(node) in ("os.putenv", "os.unsetenv"):
+                self.found = True
+
+        def visit_Name(self, node: cst.Name) -> None:
+            if node.value in env_names:
+                self.found = True
+
+    finder = _Env()
+    stmt.visit(finder)
+    return finder.found
+
+
+def _note_files(stmt: cst.CSTNode, notes: list[str], test: str) -> None:
+    """Note a file or directory created under a fixed (string literal) path."""
+
+    class _Files(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            name = dotted(node.func)
+            last = name.rsplit(".", 1)[-1]
+            literal = _literal(node.args[0].value) if node.args else None
+            if last == "open" and literal and len(node.args) > 1:
+                mode = _literal(node.args[1].value) or ""
+                if any(c in mode for c in "wax"):
+                    notes.append(
+                        f"{test} writes {literal!r}, a fixed path: tmp_path would not leak"
+                    )
+            elif last in ("makedirs", "mkdir") and name.startswith("os.") and literal:
+                notes.append(f"{test} creates {literal!r}, a fixed path: tmp_path would not leak")
+            elif last in WRITES and isinstance(node.func, cst.Attribute):
+                inner = node.func.value
+                if isinstance(inner, cst.Call) and inner.args:
+                    path = _literal(inner.args[0].value)
+                    if path and dotted(inner.func).rsplit(".", 1)[-1] == "Path":
+                        notes.append(
+                            f"{test} creates {path!r}, a fixed path: tmp_path would not leak"
+                        )
+
+    stmt.visit(_Files())
+
+
+def _literal(expr: cst.BaseExpression) -> str | None:
+    if isinstance(expr, cst.SimpleString):
+        value = expr.evaluated_value
+        return value if isinstance(value, str) else None
+    return None
