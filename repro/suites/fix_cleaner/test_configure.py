@@ -1,7 +1,8 @@
-import state
+import logging
 
 
-def test_switch_to_fast_mode():
-    # The polluter: switches the mode and never back.
-    state.configure("fast")
-    assert state.MODE == "fast"
+def test_quiet_the_app_logger():
+    # The polluter: raises a logger's level through a method call and never sets it back
+    # (no assignment shows what to restore).
+    logging.getLogger("fix_cleaner.app").setLevel(logging.ERROR)
+    assert not logging.getLogger("fix_cleaner.app").isEnabledFor(logging.INFO)

@@ -1,6 +1,6 @@
-import state
+import logging
 
 
-def test_reads_default_mode():
-    # The victim: passes alone, fails after test_switch_to_fast_mode unless reset between.
-    assert state.MODE == "default"
+def test_app_logger_inherits_its_level():
+    # The victim: passes alone, fails after test_quiet_the_app_logger unless reset between.
+    assert logging.getLogger("fix_cleaner.app").level == logging.NOTSET

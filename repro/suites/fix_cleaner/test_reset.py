@@ -1,7 +1,7 @@
-import state
+import logging
 
 
-def test_reset_restores_default():
+def test_logger_level_can_be_reset():
     # The cleaner: run between the polluter and the victim, the victim passes.
-    state.reset()
-    assert state.MODE == "default"
+    logging.getLogger("fix_cleaner.app").setLevel(logging.NOTSET)
+    assert logging.getLogger("fix_cleaner.app").level == logging.NOTSET
