@@ -123,7 +123,11 @@ class Fixes:
             found = CleanerSearch.from_dict(data)
         else:
             seed = self.store.seeds[0] if self.store.seeds else None
-            found = find_cleaners(self.host, victim, polluters, self.store.collected,
+            with self.store.lock:  # a known polluter in a group would hide its cleaners
+                known = {c for kind, causes in self.store.causes if kind == "polluter"
+                         for c in causes}  # fmt: skip
+            candidates = [n for n in self.store.collected if n not in known]
+            found = find_cleaners(self.host, victim, polluters, candidates,
                                   times=VERIFY_TIMES, seed=seed)  # fmt: skip
             if not found.budget_cut:
                 self.journal.add_result("cleaners", victim, found.to_dict())

@@ -8,8 +8,12 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
+from capsafe_harness.fix.case import FixCase
 from capsafe_harness.sweep.cleaners import CleanerSearch, find_cleaners, groups
+from capsafe_harness.sweep.fixes import Fixes
 from capsafe_harness.sweep.host import Replayed
+from capsafe_harness.sweep.journal import Journal
+from capsafe_harness.sweep.store import EvidenceStore
 from capsafe_harness.verdicts.fold import Attempt
 
 P, V = "tests/test_p.py::test_pollute", "tests/test_v.py::test_victim"
@@ -102,3 +106,41 @@ def test_groups_keep_modules_together_nearest_first() -> None:
 def test_a_search_round_trips_through_the_journal() -> None:
     found = CleanerSearch(V, 9, tuple(CLEAN), 7, 6, True)
     assert CleanerSearch.from_dict(found.to_dict()) == found
+
+
+class FixingHost(StateHost):
+    """StateHost with what the fixing phase asks besides: its pool, and scratch replays."""
+
+    def pool(self, desc: str, jobs: Sequence[Any], work: Any, target: Any = None) -> None:
+        queue = list(jobs)
+        while queue:
+            queue += work(queue.pop(0), 0)
+
+    def replay_in(self, root: Path, sequence: Sequence[str]) -> dict[str, bool | None]:
+        raise AssertionError("the stand-in engine replays nothing")
+
+
+def test_the_phase_leaves_known_polluters_out_of_the_groups(tmp_path: Path) -> None:
+    """REPOLLUTE, a verified polluter of another test, would follow the cleaner in its
+    module's group and hide it; the fixing phase leaves every known polluter out."""
+    store = EvidenceStore(tmp_path, 60.0)
+    store.collected = (CLEAN[0], REPOLLUTE, V, P)
+    ev = store.ev(V)
+    ev.runs, ev.failures, ev.isolation_runs, ev.polluters = 4, 2, 3, [P]
+    store.causes += [("polluter", (P,)), ("polluter", (REPOLLUTE,))]
+    cases: list[FixCase] = []
+
+    def engine(case: FixCase, *args: Any, **kwargs: Any) -> None:
+        cases.append(case)
+
+    fixes = Fixes(FixingHost(), store, Journal(tmp_path, resume=False), lambda: tmp_path,
+                  tmp_path / "out", tmp_path, find_patch=engine)  # fmt: skip
+    fixes.run()
+    assert [c.cleaners for c in cases] == [(CLEAN[0],)]
+    assert store.ev(V).cleaners == [CLEAN[0]]
+    assert fixes.records[V].outcome == "no patch verified"
+    # asked again in a resumed sweep: served from the journal, no replay
+    again = Fixes(FixingHost(cleaners=()), store, Journal(tmp_path, resume=True),
+                  lambda: tmp_path, tmp_path / "out", tmp_path, find_patch=engine)  # fmt: skip
+    again.run()
+    assert again.records == fixes.records and len(cases) == 1
