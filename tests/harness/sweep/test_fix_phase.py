@@ -18,6 +18,7 @@ import pytest
 
 from capsafe.cli import main
 from capsafe_harness.fix.case import FixCase, VerifiedPatch
+from capsafe_harness.sweep.console import console_lines
 from capsafe_harness.sweep.options import SweepOptions
 from capsafe_harness.sweep.run import Sweep
 from capsafe_harness.sweep.state import prepare_out
@@ -64,8 +65,9 @@ def swept(suite: Path, out: Path, engine: Callable[..., VerifiedPatch | None], *
     prepare_out(out, resume=resume, force=False)
     sweep = Sweep(options)
     sweep.fixes.find_patch = engine
-    sweep.execute()
+    result = sweep.execute()
     summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
+    summary["console"] = console_lines(result)
     return summary
 
 
@@ -90,6 +92,8 @@ def test_a_patch_replayed_in_a_scratch_copy_is_written_reported_and_applied(
                                  "outcome": verdict["fix"]["how"]}]  # fmt: skip
     assert "fixes" in summary["phase_times"]["sweep_s"]
     assert "```diff" in (out / "report.md").read_text()
+    assert ("  fixes: 1 of 1 verdicts got a verified patch; apply them all with "
+            "`capsafe fix out`") in summary["console"]  # fmt: skip
     assert (out / "fixes" / Path(verdict["fix"]["patch"]).name).is_file()
 
     assert main(["fix", str(out)]) == 0
