@@ -123,12 +123,11 @@ class Fixes:
             found = CleanerSearch.from_dict(data)
         else:
             seed = self.store.seeds[0] if self.store.seeds else None
-            with self.store.lock:  # a known polluter in a group would hide its cleaners
-                known = {c for kind, causes in self.store.causes if kind == "polluter"
-                         for c in causes}  # fmt: skip
-            candidates = [n for n in self.store.collected if n not in known]
-            found = find_cleaners(self.host, victim, polluters, candidates,
-                                  times=VERIFY_TIMES, seed=seed)  # fmt: skip
+            with self.store.lock:  # asked alone: in a group one would hide its cleaners
+                known = list(dict.fromkeys(c for kind, causes in self.store.causes
+                                           if kind == "polluter" for c in causes))  # fmt: skip
+            found = find_cleaners(self.host, victim, polluters, self.store.collected,
+                                  times=VERIFY_TIMES, seed=seed, alone=known)  # fmt: skip
             if not found.budget_cut:
                 self.journal.add_result("cleaners", victim, found.to_dict())
         with self.store.lock:

@@ -120,9 +120,20 @@ class FixingHost(StateHost):
         raise AssertionError("the stand-in engine replays nothing")
 
 
-def test_the_phase_leaves_known_polluters_out_of_the_groups(tmp_path: Path) -> None:
+def test_a_known_polluter_is_asked_alone_and_may_be_a_cleaner() -> None:
+    """freezegun's test_should_not_skip_cpython pollutes some tests and cleans others."""
+    both = "tests/test_c.py::test_pollutes_others_cleans_v"
+    host = StateHost(cleaners=[both])
+    found = find_cleaners(host, V, [P], [*PADS, both, REPOLLUTE], times=1,
+                          alone=[both, REPOLLUTE])  # fmt: skip
+    assert found.cleaners == (both,)
+    asked = [sequence for kind, _, sequence in host.asked if kind == "cleaner"]
+    assert asked[:2] == [(P, both, V), (P, REPOLLUTE, V)]  # each alone, before any group
+
+
+def test_the_phase_asks_known_polluters_alone(tmp_path: Path) -> None:
     """REPOLLUTE, a verified polluter of another test, would follow the cleaner in its
-    module's group and hide it; the fixing phase leaves every known polluter out."""
+    module's group and hide it; the fixing phase asks every known polluter alone."""
     store = EvidenceStore(tmp_path, 60.0)
     store.collected = (CLEAN[0], REPOLLUTE, V, P)
     ev = store.ev(V)
