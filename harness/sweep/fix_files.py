@@ -22,6 +22,7 @@ from typing import Any
 FIXES_DIR = "fixes"
 HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 NO_NEWLINE = "\\ No newline at end of file"
+LINE = re.compile(r"[^\n]*\n|[^\n]+\Z")
 
 
 class PatchError(Exception):
@@ -85,7 +86,7 @@ def read_fixes(fixes: Path) -> list[FixFile]:
 def apply_diff(text: str, diff: str) -> str:
     """`text` with the unified diff's hunks applied, each where its old lines stand nearest
     to the line it names; PatchError when a hunk's old lines are nowhere after the last."""
-    lines = text.splitlines(keepends=True)
+    lines = _lines(text)
     out: list[str] = []
     pos = 0
     for start, old, new in _hunks(diff):
@@ -106,7 +107,7 @@ def _hunks(diff: str) -> list[tuple[int, list[str], list[str]]]:
     old: list[str] = []
     new: list[str] = []
     last = ""  # the side of the line before, for "\ No newline at end of file"
-    for line in diff.splitlines(keepends=True):
+    for line in _lines(diff):
         match = HUNK.match(line)
         if match:
             start = int(match.group(1)) - (0 if match.group(2) == "0" else 1)
@@ -114,10 +115,10 @@ def _hunks(diff: str) -> list[tuple[int, list[str], list[str]]]:
             hunks.append((start, old, new))
         elif not hunks:
             continue  # the ---/+++ header
-        elif line.rstrip("\n") == NO_NEWLINE:
+        elif line.rstrip("\r\n") == NO_NEWLINE:
             for side, kept in (("-", old), ("+", new)):
                 if last in (side, " ") and kept:
-                    kept[-1] = kept[-1].rstrip("\n")
+                    kept[-1] = kept[-1].rstrip("\r\n")
         elif line[:1] in (" ", "-", "+"):
             body = line[1:] if line.endswith("\n") or len(line) > 1 else "\n"
             last = line[0]
@@ -129,6 +130,12 @@ def _hunks(diff: str) -> list[tuple[int, list[str], list[str]]]:
             old.append("\n")  # an empty context line some tools write without its space
             new.append("\n")
     return hunks
+
+
+def _lines(text: str) -> list[str]:
+    """`text` cut after each "\n" only, ends kept ("\r\n" stays whole): str.splitlines also
+    cuts at a form feed and other separators a source line may hold."""
+    return LINE.findall(text)
 
 
 def _find(lines: list[str], old: list[str], start: int, pos: int) -> int | None:

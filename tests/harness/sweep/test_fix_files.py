@@ -4,6 +4,7 @@ one after another on one file, and an error (never a guess) where a hunk does no
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,8 @@ BEFORE = "".join(f"line {i}\n" for i in range(1, 21))
 
 
 def diff(before: str, after: str) -> str:
-    old, new = before.splitlines(keepends=True), after.splitlines(keepends=True)
+    """The diff git writes: lines cut at "\n" only."""
+    old, new = re.findall(r"[^\n]*\n|[^\n]+$", before), re.findall(r"[^\n]*\n|[^\n]+$", after)
     return "".join(difflib.unified_diff(old, new, "a/t.py", "b/t.py"))
 
 
@@ -58,3 +60,11 @@ def test_fix_files_round_trip(tmp_path: Path) -> None:
     (tmp_path / "fixes" / "junk.json").write_text("{}")
     with pytest.raises(ValueError, match=r"junk\.json is not a capsafe fix"):
         read_fixes(tmp_path / "fixes")
+
+
+def test_crlf_and_form_feed_lines_apply_as_they_are() -> None:
+    """A line is cut at "\n" only: CRLF ends stay whole, and a form feed (old sources hold
+    them between sections) is part of its line, as in the diff."""
+    before = "a = 1\r\n\x0c\r\nb = 2\r\n"
+    after = "a = 1\r\n\x0c\r\nb = 3\r\n"
+    assert apply_diff(before, diff(before, after)) == after
