@@ -163,7 +163,7 @@ def _moved(
         units += offered.units
         skipped += offered.skipped
     names = ", ".join(ids)
-    comment = f"capsafe fix: from the {kind} {names}, so this test needs no other test first"
+    comment = f"capsafe fix: taken from the {kind} {names}"
 
     def source(indices: Sequence[int]) -> str:
         return implant(victim, [units[i] for i in indices], comment).code

@@ -139,9 +139,21 @@ def _expr(code: str) -> cst.BaseSmallStatement:
     return cst.Expr(cst.parse_expression(code))
 
 
-def _q(name: str) -> str:
-    """An identifier as a double-quoted string literal (the quotes ruff and black write)."""
-    return f'"{name}"'
+def _quote(module: cst.Module) -> str:
+    """The quote most of the module's strings use (ruff's and black's double by default)."""
+
+    class _Quotes(cst.CSTVisitor):
+        single = double = 0
+
+        def visit_SimpleString(self, node: cst.SimpleString) -> None:
+            if node.quote == "'":
+                self.single += 1
+            elif node.quote == '"':
+                self.double += 1
+
+    counter = _Quotes()
+    module.visit(counter)
+    return "'" if counter.single > counter.double else '"'
 
 
 def _code(node: cst.CSTNode) -> str:
@@ -160,12 +172,17 @@ class _Planner:
         doc, body = body_of(polluter.function)
         self.p = _Plan(doc=doc, body=body)
         self.globals = _globals(body)
+        self.quote = _quote(polluter.module)
         self.local = (set(polluter.params) | {"self"} | _assigned(body)) - self.globals
         self.env_names = {ENVIRON} | {
             name
             for name, b in self.bindings.items()
             if b is not None and b.module == "os" and b.obj == "environ"
         }
+
+    def _q(self, name: str) -> str:
+        """An identifier as a string literal in the module's quotes."""
+        return f"{self.quote}{name}{self.quote}"
 
     def plan(self) -> _Plan:
         for stmt in self.p.body:
@@ -233,18 +250,20 @@ class _Planner:
                 return None
             p.what.append(f"sets {holder}.{attr} with monkeypatch.setattr")
             if self.unittest_style:
-                p.prelude.append(f"self.addCleanup(setattr, {holder}, {_q(attr)}, {holder}.{attr})")
+                p.prelude.append(
+                    f"self.addCleanup(setattr, {holder}, {self._q(attr)}, {holder}.{attr})"
+                )
                 return None
-            return [_expr(f"{mp}.setattr({holder}, {_q(attr)}, {value})")]
+            return [_expr(f"{mp}.setattr({holder}, {self._q(attr)}, {value})")]
         if isinstance(target, cst.Name) and target.value in self.globals:
             name = target.value
             p.imports.append(Import("sys"))
             p.what.append(f"rebinds the global {name} with monkeypatch.setattr")
             here = "sys.modules[__name__]"
             if self.unittest_style:
-                p.prelude.append(f"self.addCleanup(setattr, {here}, {_q(name)}, {name})")
+                p.prelude.append(f"self.addCleanup(setattr, {here}, {self._q(name)}, {name})")
                 return None
-            return [_expr(f"{mp}.setattr({here}, {_q(name)}, {value})")]
+            return [_expr(f"{mp}.setattr({here}, {self._q(name)}, {value})")]
         return None
 
     def _delete(self, target: cst.Subscript) -> list[cst.BaseSmallStatement] | None:
@@ -285,7 +304,7 @@ class _Planner:
             if method == "update" and keywords and len(keywords) == len(call.args):
                 p.what.append("sets the variables with monkeypatch.setenv")
                 return [
-                    _expr(f"{mp}.setenv({_q(a.keyword.value)}, {_code(a.value)})")
+                    _expr(f"{mp}.setenv({self._q(a.keyword.value)}, {_code(a.value)})")
                     for a in keywords
                     if a.keyword is not None
                 ]
@@ -324,13 +343,13 @@ class _Planner:
         if not rebinds:
             p.imports.append(Import("copy"))
         if self.unittest_style:
-            line = f"self.addCleanup(setattr, {owner}, {_q(attr)}, {owner}.{attr})"
+            line = f"self.addCleanup(setattr, {owner}, {self._q(attr)}, {owner}.{attr})"
             if line not in p.prelude:
                 p.prelude.append(line)
                 if not rebinds:
                     p.prelude.append(f"{owner}.{attr} = {value}")
         else:
-            line = f"{MONKEYPATCH}.setattr({owner}, {_q(attr)}, {value})"
+            line = f"{MONKEYPATCH}.setattr({owner}, {self._q(attr)}, {value})"
             if line not in p.prelude:
                 p.prelude.append(line)
         p.what.append(f"restores {owner}.{attr} when it ends")

@@ -1,0 +1,240 @@
+"""The fix engine end to end on tiny planted suites, with a real replay (a fresh pytest process
+per sequence, fix_replay.py): each patch it returns is applied to the suite with `git apply`
+and replayed again here, independently of the engine's own verification."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+from fix_replay import Replay, write_suite
+
+from capsafe_harness.fix.case import FixCase, VerifiedPatch, find_patch
+
+pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="applies patches with git")
+
+REGISTRY = {
+    "registry.py": "PLUGINS = []\n\n\ndef register(name):\n    PLUGINS.append(name)\n",
+    "test_register.py": (
+        "import registry\n\n\ndef test_register_plugin():\n"
+        '    registry.register("fast")\n    assert "fast" in registry.PLUGINS\n'
+    ),
+    "test_lookup.py": (
+        "import registry\n\n\ndef test_registry_starts_empty():\n"
+        "    assert registry.PLUGINS == []\n\n\ndef test_other():\n    assert True\n"
+    ),
+}
+STATE = "CACHE = {'mode': 'default'}\n"
+ALIASED_POLLUTER = (  # through a local name: no idiom reads it, only a cleaner helps
+    "import state\n\n\ndef test_switch():\n    c = state.CACHE\n    c['mode'] = 'fast'\n"
+)
+
+
+def digest(root: Path) -> dict[str, str]:
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def fix(
+    tmp_path: Path, files: Mapping[str, str], case: FixCase, *, times: int = 2
+) -> tuple[VerifiedPatch | None, Replay, Path]:
+    """find_patch on a suite planted from `files`, checking the suite itself is never written."""
+    root = write_suite(tmp_path / "suite", files)
+    before = digest(root)
+    replay = Replay()
+    patch = find_patch(case, root, replay, times=times, budget_left=lambda: True)
+    assert digest(root) == before
+    assert replay.calls and all(r != root for r, _ in replay.calls)  # only scratch copies
+    return patch, replay, root
+
+
+def applied(root: Path, patch: VerifiedPatch) -> None:
+    """Apply the diff as a user would, after checking it is against the file as it is."""
+    assert hashlib.sha256((root / patch.path).read_bytes()).hexdigest() == patch.sha256_before
+    subprocess.run(["git", "apply", "-p1", "-"], cwd=root, input=patch.diff, text=True, check=True)
+
+
+def passes(root: Path, *sequence: str) -> bool:
+    return Replay()(root, sequence).get(sequence[-1]) is False
+
+
+def test_a_registry_polluter_restores_its_registry(tmp_path: Path) -> None:
+    case = FixCase(
+        "test_lookup.py::test_registry_starts_empty",
+        "order-dependent",
+        ("test_register.py::test_register_plugin",),
+    )
+    patch, _, root = fix(tmp_path, REGISTRY, case, times=3)
+    assert patch is not None and patch.source == "idiom" and patch.path == "test_register.py"
+    assert (
+        '+    monkeypatch.setattr(registry, "PLUGINS", copy.copy(registry.PLUGINS))' in patch.diff
+    )
+    assert patch.evidence["passes"] == 3 and patch.evidence["alone_passes"] == 1
+    assert not passes(root, *case.causes, case.victim)
+    applied(root, patch)
+    assert passes(root, *case.causes, case.victim)
+    assert passes(root, *case.causes)  # the polluter still passes itself
+
+
+def test_an_environment_leak_becomes_monkeypatch_setenv(tmp_path: Path) -> None:
+    files = {
+        "test_env.py": (
+            "import os\n\n\ndef test_sets_mode():\n    os.environ['APP_MODE'] = 'fast'\n"
+            "    assert os.environ['APP_MODE'] == 'fast'\n"
+        ),
+        "test_read.py": (
+            "import os\n\n\ndef test_default_mode():\n"
+            "    assert os.environ.get('APP_MODE', 'default') == 'default'\n"
+        ),
+    }
+    case = FixCase(
+        "test_read.py::test_default_mode",
+        "order-dependent",
+        ("test_env.py::test_sets_mode",),
+        env_leaks={"APP_MODE": (None, "fast")},
+    )
+    patch, _, root = fix(tmp_path, files, case)
+    assert patch is not None and patch.source == "idiom"
+    assert "+    monkeypatch.setenv('APP_MODE', 'fast')" in patch.diff
+    applied(root, patch)
+    assert passes(root, *case.causes, case.victim)
+
+
+def test_a_module_attribute_in_a_testcase_is_put_back_with_addcleanup(tmp_path: Path) -> None:
+    files = {
+        "settings.py": "PRECISION = 'fp32'\n",
+        "test_flip.py": (
+            "import unittest\n\nimport settings\n\n\nclass TestFlip(unittest.TestCase):\n"
+            "    def test_half(self):\n        settings.PRECISION = 'fp16'\n"
+            "        self.assertEqual(settings.PRECISION, 'fp16')\n"
+        ),
+        "test_read.py": (
+            "import settings\n\n\ndef test_full():\n    assert settings.PRECISION == 'fp32'\n"
+        ),
+    }
+    case = FixCase(
+        "test_read.py::test_full", "order-dependent", ("test_flip.py::TestFlip::test_half",)
+    )
+    patch, _, root = fix(tmp_path, files, case)
+    assert patch is not None and patch.source == "idiom"
+    assert "self.addCleanup(setattr, settings, 'PRECISION', settings.PRECISION)" in patch.diff
+    applied(root, patch)
+    assert passes(root, *case.causes, case.victim)
+
+
+def test_a_brittle_test_gets_the_one_statement_of_its_state_setter_it_needs(tmp_path: Path) -> None:
+    files = {
+        "units.py": "FACTORS = {}\n\n\ndef load_metric():\n    FACTORS.update({'km': 1000.0})\n",
+        "test_load.py": (
+            "import units\n\n\ndef test_load():\n    x = 3\n    units.load_metric()\n"
+            "    assert units.FACTORS['km'] == 1000.0\n    assert x == 3\n"
+        ),
+        "test_convert.py": (
+            "import units\n\n\ndef test_km():\n    assert 3 * units.FACTORS['km'] == 3000.0\n"
+        ),
+    }
+    case = FixCase("test_convert.py::test_km", "brittle", ("test_load.py::test_load",))
+    patch, _, root = fix(tmp_path, files, case)
+    assert patch is not None and patch.source == "state-setter" and patch.path == "test_convert.py"
+    added = [line for line in patch.diff.splitlines() if line.startswith("+ ") and "#" not in line]
+    assert added == ["+    units.load_metric()"]  # of 4 statements, ddmin kept the one needed
+    assert patch.evidence["statements"] == 4 and patch.evidence["kept"] == 1
+    assert not passes(root, case.victim)
+    applied(root, patch)
+    assert passes(root, case.victim)
+
+
+def test_a_cleaner_patch_after_a_rewrite_that_does_not_fix_is_rejected(tmp_path: Path) -> None:
+    files = {
+        "state.py": STATE + "\n\ndef reset():\n    CACHE['mode'] = 'default'\n",
+        "test_configure.py": (
+            "import os\n\nimport state\n\n\ndef test_switch():\n"
+            "    os.environ['UNRELATED'] = '1'  # rewritten first: it does not fix the victim\n"
+            "    cache = state.CACHE\n    cache['mode'] = 'fast'\n"
+        ),
+        "test_clean.py": (
+            "from state import reset\n\n\ndef test_resets(tmp_path):\n    n = 1\n"
+            "    (tmp_path / 'x').write_text('x')\n    reset()\n    assert n == 1\n"
+        ),
+        "test_read.py": (
+            'import state\n\n\ndef test_reads_default():\n    """Doc."""\n'
+            "    assert state.CACHE['mode'] == 'default'\n"
+        ),
+    }
+    case = FixCase(
+        "test_read.py::test_reads_default",
+        "order-dependent",
+        ("test_configure.py::test_switch",),
+        cleaners=("test_clean.py::test_resets",),
+    )
+    patch, _, root = fix(tmp_path, files, case)
+    assert patch is not None and patch.source == "cleaner" and patch.path == "test_read.py"
+    tried = patch.evidence["tried_first"]
+    assert isinstance(tried, list) and any("setenv" in t for t in tried)
+    added = [line for line in patch.diff.splitlines() if line.startswith("+") and "+++" not in line]
+    assert added == [
+        "+from state import reset",
+        "+    # capsafe fix: taken from the cleaner test_clean.py::test_resets",
+        "+    reset()",
+    ]
+    applied(root, patch)
+    assert passes(root, *case.causes, case.victim)
+
+
+def test_a_cleaner_that_breaks_the_victims_module_is_passed_over(tmp_path: Path) -> None:
+    files = {
+        "state.py": STATE,
+        "test_configure.py": ALIASED_POLLUTER,
+        "test_clean.py": (
+            "import state\n\n\ndef test_wipes():\n    state.CACHE.clear()\n\n\n"
+            "def test_resets():\n    state.CACHE['mode'] = 'default'\n"
+        ),
+        "test_read.py": (
+            "import state\n\n\ndef test_reads_default():\n"
+            "    assert state.CACHE.get('mode', 'default') == 'default'\n\n\n"
+            "def test_has_mode():\n    assert 'mode' in state.CACHE\n"
+        ),
+    }
+    case = FixCase(
+        "test_read.py::test_reads_default",
+        "order-dependent",
+        ("test_configure.py::test_switch",),
+        cleaners=("test_clean.py::test_wipes", "test_clean.py::test_resets"),
+    )
+    patch, _, _ = fix(tmp_path, files, case)
+    assert patch is not None and "test_resets" in patch.how
+    assert "state.CACHE.clear()" not in patch.diff
+    tried = patch.evidence["tried_first"]
+    assert isinstance(tried, list) and any("test_wipes" in t for t in tried)
+
+
+def test_no_patch_when_nothing_verifies_and_none_without_budget(tmp_path: Path) -> None:
+    files = {
+        "state.py": STATE,
+        "test_configure.py": ALIASED_POLLUTER,
+        "test_clean.py": "def test_not_a_cleaner():\n    assert 1 + 1 == 2\n",
+        "test_read.py": (
+            "import state\n\n\ndef test_reads_default():\n"
+            "    assert state.CACHE['mode'] == 'default'\n"
+        ),
+    }
+    case = FixCase(
+        "test_read.py::test_reads_default",
+        "order-dependent",
+        ("test_configure.py::test_switch",),
+        cleaners=("test_clean.py::test_not_a_cleaner",),
+    )
+    patch, replay, _ = fix(tmp_path, files, case)
+    assert patch is None
+    assert len(replay.calls) == 2  # reproduced once, the cleaner's statements tried once
+    root = tmp_path / "suite"
+    calls = Replay()
+    assert find_patch(case, root, calls, times=2, budget_left=lambda: False) is None
+    assert calls.calls == []
