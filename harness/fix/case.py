@@ -8,6 +8,7 @@ of the rootdir with a candidate patch applied.
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ from .verify import Checker, OutOfBudget, Scratch
 
 MAX_CLEANERS = 3
 """Cleaners tried per victim, best first (each costs a minimisation)."""
+UNEDITABLE = (cst.ParserSyntaxError, cst.CSTValidationError, RecursionError)
+"""What libcst raises on source it cannot parse or a node it cannot build."""
 STATEMENT_CAP = 32
 """Replays one statement minimisation may spend before it keeps what it has."""
 
@@ -122,36 +125,44 @@ def _candidates(
     case: FixCase, rootdir: Path, victim: Found, checker: Checker
 ) -> Iterator[_Candidate]:
     """Candidate patches, best first, each still to be verified."""
+    makers: list[Callable[[], list[_Candidate]]] = []
     if case.kind == "order-dependent":
-        for cause in case.causes:
-            polluter = _found(rootdir, cause)
-            if polluter is None:
-                continue
-            found, notes = rewrites(cause, polluter, rootdir, case.env_leaks)
-            for rewrite in found:
-                yield _Candidate(
-                    rewrite.path, rewrite.source, "idiom", rewrite.how, {"notes": notes}
-                )
-        for cleaner in case.cleaners[:MAX_CLEANERS]:
-            moved = _moved(cleaner, rootdir, victim, checker, "cleaner")
-            if moved is not None:
-                yield moved
+        makers += [functools.partial(_idioms, c, rootdir, case.env_leaks) for c in case.causes]
+        makers += [
+            functools.partial(_moved, (c,), rootdir, victim, checker, "cleaner")
+            for c in case.cleaners[:MAX_CLEANERS]
+        ]
     else:
-        moved = _moved(case.causes, rootdir, victim, checker, "state-setter")
-        if moved is not None:
-            yield moved
+        makers.append(
+            functools.partial(_moved, case.causes, rootdir, victim, checker, "state-setter")
+        )
+    for make in makers:
+        try:
+            made = make()
+        except UNEDITABLE:  # source libcst cannot rebuild as planned: no candidate from it
+            continue
+        yield from made
+
+
+def _idioms(
+    cause: str, rootdir: Path, env_leaks: Mapping[str, tuple[str | None, str | None]]
+) -> list[_Candidate]:
+    polluter = _found(rootdir, cause)
+    if polluter is None:
+        return []
+    found, notes = rewrites(cause, polluter, rootdir, env_leaks)
+    return [_Candidate(r.path, r.source, "idiom", r.how, {"notes": notes}) for r in found]
 
 
 def _moved(
-    donors: str | Sequence[str],
+    ids: Sequence[str],
     rootdir: Path,
     victim: Found,
     checker: Checker,
     kind: Literal["cleaner", "state-setter"],
-) -> _Candidate | None:
-    """The donors' statements, minimised, at the start of the victim; None when even all of
+) -> list[_Candidate]:
+    """The donors' statements, minimised, at the start of the victim; none when even all of
     them do not make it pass (or none can move)."""
-    ids = [donors] if isinstance(donors, str) else list(donors)
     units: list[Unit] = []
     skipped: list[str] = []
     for donor_id in ids:
@@ -177,14 +188,14 @@ def _moved(
 
     everything = list(range(len(units)))
     if not units or not fixes(everything):
-        return None
+        return []
     kept, capped = capped_ddmin(everything, fixes, STATEMENT_CAP)
     how = (
         f"{victim.site.path}::{'::'.join((*victim.site.classes, victim.site.name))} starts with "
         f"{len(kept)} statement(s) of its {kind} {names}"
     )
     evidence = {"statements": len(units), "kept": len(kept), "capped": capped, "skipped": skipped}
-    return _Candidate(victim.site.path, source(kept), kind, how, evidence)
+    return [_Candidate(victim.site.path, source(kept), kind, how, evidence)]
 
 
 def _patch(

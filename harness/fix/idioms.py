@@ -199,7 +199,11 @@ class _Planner:
         return self.p
 
     def shared(self, expr: cst.BaseExpression) -> str:
-        """The dotted text of `expr` when it names module state (not a local), else ''."""
+        """The text of `expr` when it names module state (not a local), else '': a dotted
+        name, or a call of one (`decimal.getcontext()`: the object a module function hands
+        out, as process-wide as the module)."""
+        if isinstance(expr, cst.Call):
+            return _code(expr) if self.shared(expr.func) else ""
         text = dotted(expr)
         head = text.split(".", 1)[0]
         if not text or head in self.local:

@@ -17,6 +17,8 @@ from .edit import dotted
 
 SETUPS = ("setup_method", "setUp")
 """Methods of a class that run before each of its tests (pytest's, then unittest's)."""
+TEARDOWNS = ("teardown_method", "tearDown")
+"""Methods of a class that run after each of its tests."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,23 @@ def setups(found: Found) -> list[Found]:
         setup = find(found.module, Site(found.site.path, (), "setup_function"))
         if setup is not None:
             out.append(setup)
+    return out
+
+
+def teardowns(found: Found) -> list[Found]:
+    """What runs after the test's body: its class's teardown method, else the module's
+    `teardown_function` (a cleaner's cleanup often lives there)."""
+    out: list[Found] = []
+    if found.owner is not None:
+        for name in TEARDOWNS:
+            teardown = find(found.module, Site(found.site.path, found.site.classes, name))
+            if teardown is not None:
+                out.append(teardown)
+                break
+    else:
+        teardown = find(found.module, Site(found.site.path, (), "teardown_function"))
+        if teardown is not None:
+            out.append(teardown)
     return out
 
 

@@ -322,3 +322,44 @@ def test_a_leak_the_source_does_not_show_falls_back_to_patch_dict(
         assert len(out) == 1 and "@unittest.mock.patch.dict(os.environ)" in out[0].source
     else:
         assert out == []
+
+
+def test_a_cleaners_teardown_moves_and_comments_above_a_statement_stay_behind() -> None:
+    cleaner = """
+        import decimal
+
+        class TestRounding:
+            def teardown_method(self):
+                # back to the default
+                decimal.getcontext().prec = 28
+
+            def test_round(self):
+                assert round(decimal.Decimal("2.5")) == 2
+    """
+    victim = found("import decimal\n\ndef test_v():\n    pass\n", "b/test_v.py::test_v")
+    offer = donation(
+        "a.py::TestRounding::test_round", found(cleaner, "a.py::TestRounding::test_round"), victim
+    )
+    moved = [
+        cst.Module([]).code_for_node(u.statement).strip().splitlines()[-1] for u in offer.units
+    ]
+    assert moved == ['assert round(decimal.Decimal("2.5")) == 2', "decimal.getcontext().prec = 28"]
+    code = implant(victim, offer.units[1:], "capsafe fix: from a cleaner").code
+    assert "back to the default" not in code
+    assert "    # capsafe fix: from a cleaner\n    decimal.getcontext().prec = 28\n" in code
+
+
+def test_state_a_module_function_hands_out_is_set_with_setattr(tmp_path: Path) -> None:
+    [source] = polluter(
+        tmp_path,
+        """
+        import decimal
+
+        def test_p():
+            decimal.getcontext().prec = 4
+            ctx = decimal.Context()
+            ctx.prec = 2
+        """,
+    )
+    assert 'monkeypatch.setattr(decimal.getcontext(), "prec", 4)' in source
+    assert "ctx.prec = 2" in source  # a local object: nobody else sees it
