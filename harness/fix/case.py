@@ -98,15 +98,17 @@ def find_patch(
             victim=case.victim, kind=case.kind, causes=case.causes, times=times,
         )  # fmt: skip
         tried: list[str] = []
+        notes: list[str] = []
         try:
             if checker.victim_passes():  # it does not misbehave here: nothing to verify against
                 return None
-            for candidate in _candidates(case, rootdir, victim, checker):
+            for candidate in _candidates(case, rootdir, victim, checker, notes):
                 evidence = checker.verify(candidate.path, candidate.source)
                 if evidence is None:
                     tried.append(candidate.how)
                     continue
-                return _patch(case, rootdir, candidate, evidence, tried, checker.replays)
+                evidence = {**evidence, "tried_first": tried, "notes": notes}
+                return _patch(case, rootdir, candidate, evidence, checker.replays)
         except OutOfBudget:
             return None
     return None
@@ -122,12 +124,15 @@ def _found(rootdir: Path, nodeid: str) -> Found | None:
 
 
 def _candidates(
-    case: FixCase, rootdir: Path, victim: Found, checker: Checker
+    case: FixCase, rootdir: Path, victim: Found, checker: Checker, notes: list[str]
 ) -> Iterator[_Candidate]:
-    """Candidate patches, best first, each still to be verified."""
+    """Candidate patches, best first, each still to be verified; what the polluters' source
+    shows and no rewrite fixes (a file under a fixed path) goes to `notes`."""
     makers: list[Callable[[], list[_Candidate]]] = []
     if case.kind == "order-dependent":
-        makers += [functools.partial(_idioms, c, rootdir, case.env_leaks) for c in case.causes]
+        makers += [
+            functools.partial(_idioms, c, rootdir, case.env_leaks, notes) for c in case.causes
+        ]
         makers += [
             functools.partial(_moved, (c,), rootdir, victim, checker, "cleaner")
             for c in case.cleaners[:MAX_CLEANERS]
@@ -145,13 +150,17 @@ def _candidates(
 
 
 def _idioms(
-    cause: str, rootdir: Path, env_leaks: Mapping[str, tuple[str | None, str | None]]
+    cause: str,
+    rootdir: Path,
+    env_leaks: Mapping[str, tuple[str | None, str | None]],
+    notes: list[str],
 ) -> list[_Candidate]:
     polluter = _found(rootdir, cause)
     if polluter is None:
         return []
-    found, notes = rewrites(cause, polluter, rootdir, env_leaks)
-    return [_Candidate(r.path, r.source, "idiom", r.how, {"notes": notes}) for r in found]
+    found, noted = rewrites(cause, polluter, rootdir, env_leaks)
+    notes += noted
+    return [_Candidate(r.path, r.source, "idiom", r.how, {}) for r in found]
 
 
 def _moved(
@@ -203,7 +212,6 @@ def _patch(
     rootdir: Path,
     candidate: _Candidate,
     checks: Mapping[str, object],
-    tried: list[str],
     replays: int,
 ) -> VerifiedPatch:
     before = (rootdir / candidate.path).read_bytes()
@@ -215,7 +223,7 @@ def _patch(
             tofile=f"b/{candidate.path}",
         )
     )
-    evidence = {**candidate.evidence, **checks, "replays": replays, "tried_first": tried}
+    evidence = {**candidate.evidence, **checks, "replays": replays}
     return VerifiedPatch(
         victim=case.victim,
         path=candidate.path,

@@ -12,7 +12,8 @@ polluter is fixed at once (docs/fixes.md has the table):
     a module-level container                                    -> monkeypatch.setattr of a copy
     any other change to os.environ (clear, setdefault, a helper) -> @mock.patch.dict(os.environ)
 
-A unittest.TestCase polluter takes no fixtures: it gets `self.addCleanup` (setattr back) or
+A unittest.TestCase polluter takes no fixtures: it gets `unittest.mock.patch.object(...).start()`
+with `self.addCleanup(unittest.mock.patch.stopall)`, `self.addCleanup(setattr, ...)` or
 `@unittest.mock.patch.dict(...)` instead. A file written under a fixed path is only noted
 (`tmp_path` suggested). Every rewrite is a candidate: only replay decides that it fixes.
 """
@@ -42,6 +43,7 @@ from .locate import Found
 
 ENVIRON = "os.environ"
 MONKEYPATCH = "monkeypatch"
+STOPALL = "self.addCleanup(unittest.mock.patch.stopall)"
 MUTATORS = frozenset(
     {"append", "extend", "insert", "add", "update", "setdefault", "pop", "popitem", "remove",
      "clear", "discard", "register", "__setitem__", "__delitem__", "appendleft"}
@@ -202,6 +204,8 @@ class _Planner:
         """The text of `expr` when it names module state (not a local), else '': a dotted
         name, or a call of one (`decimal.getcontext()`: the object a module function hands
         out, as process-wide as the module)."""
+        if _is_class_of(expr):  # o.__class__, type(o): a class, shared even when o is not
+            return _code(expr)
         if isinstance(expr, cst.Call):
             return _code(expr) if self.shared(expr.func) else ""
         text = dotted(expr)
@@ -252,13 +256,19 @@ class _Planner:
             holder, attr = self.shared(target.value), target.attr.value
             if not holder or self.env(target):
                 return None
-            p.what.append(f"sets {holder}.{attr} with monkeypatch.setattr")
-            if self.unittest_style:
-                p.prelude.append(
-                    f"self.addCleanup(setattr, {holder}, {self._q(attr)}, {holder}.{attr})"
+            if self.unittest_style:  # unittest.mock's own pattern: start(), addCleanup(stopall)
+                p.what.append(f"sets {holder}.{attr} with unittest.mock.patch.object")
+                p.imports.append(Import("unittest.mock"))
+                if STOPALL not in p.prelude:
+                    p.prelude.append(STOPALL)
+                patch = (
+                    f"unittest.mock.patch.object({holder}, {self._q(attr)}, {value}, create=True)"
                 )
-                return None
-            return [_expr(f"{mp}.setattr({holder}, {self._q(attr)}, {value})")]
+                return [_expr(f"{patch}.start()")]
+            p.what.append(f"sets {holder}.{attr} with monkeypatch.setattr")
+            # A class's attribute a test adds (o.__class__.f = ...) did not exist before it.
+            raising = ", raising=False" if _is_class_of(target.value) else ""
+            return [_expr(f"{mp}.setattr({holder}, {self._q(attr)}, {value}{raising})")]
         if isinstance(target, cst.Name) and target.value in self.globals:
             name = target.value
             p.imports.append(Import("sys"))
@@ -357,6 +367,12 @@ class _Planner:
             if line not in p.prelude:
                 p.prelude.append(line)
         p.what.append(f"restores {owner}.{attr} when it ends")
+
+
+def _is_class_of(expr: cst.BaseExpression) -> bool:
+    if isinstance(expr, cst.Attribute):
+        return expr.attr.value == "__class__"
+    return isinstance(expr, cst.Call) and dotted(expr.func) == "type" and len(expr.args) == 1
 
 
 def _key(target: cst.Subscript) -> str | None:

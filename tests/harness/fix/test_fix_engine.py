@@ -107,7 +107,7 @@ def test_an_environment_leak_becomes_monkeypatch_setenv(tmp_path: Path) -> None:
     assert passes(root, *case.causes, case.victim)
 
 
-def test_a_module_attribute_in_a_testcase_is_put_back_with_addcleanup(tmp_path: Path) -> None:
+def test_a_module_attribute_in_a_testcase_is_patched_and_stopped_at_cleanup(tmp_path: Path) -> None:
     files = {
         "settings.py": "PRECISION = 'fp32'\n",
         "test_flip.py": (
@@ -124,7 +124,10 @@ def test_a_module_attribute_in_a_testcase_is_put_back_with_addcleanup(tmp_path: 
     )
     patch, _, root = fix(tmp_path, files, case)
     assert patch is not None and patch.source == "idiom"
-    assert "self.addCleanup(setattr, settings, 'PRECISION', settings.PRECISION)" in patch.diff
+    assert "+        self.addCleanup(unittest.mock.patch.stopall)" in patch.diff
+    assert "unittest.mock.patch.object(settings, 'PRECISION', 'fp16', create=True).start()" in (
+        patch.diff
+    )
     applied(root, patch)
     assert passes(root, *case.causes, case.victim)
 
@@ -157,6 +160,7 @@ def test_a_cleaner_patch_after_a_rewrite_that_does_not_fix_is_rejected(tmp_path:
         "test_configure.py": (
             "import os\n\nimport state\n\n\ndef test_switch():\n"
             "    os.environ['UNRELATED'] = '1'  # rewritten first: it does not fix the victim\n"
+            "    open('report.csv', 'w').close()  # noted: a fixed path\n"
             "    cache = state.CACHE\n    cache['mode'] = 'fast'\n"
         ),
         "test_clean.py": (
@@ -178,6 +182,8 @@ def test_a_cleaner_patch_after_a_rewrite_that_does_not_fix_is_rejected(tmp_path:
     assert patch is not None and patch.source == "cleaner" and patch.path == "test_read.py"
     tried = patch.evidence["tried_first"]
     assert isinstance(tried, list) and any("setenv" in t for t in tried)
+    notes = patch.evidence["notes"]
+    assert isinstance(notes, list) and any("'report.csv'" in n and "tmp_path" in n for n in notes)
     added = [line for line in patch.diff.splitlines() if line.startswith("+") and "+++" not in line]
     assert added == [
         "+from state import reset",

@@ -292,8 +292,9 @@ def test_a_testcase_polluter_restores_with_addcleanup_and_patch_dict(tmp_path: P
         "test_p.py::TestP::test_p",
     )
     first, env_only = sources
-    assert 'self.addCleanup(setattr, settings, "PRECISION", settings.PRECISION)' in first
-    assert 'settings.PRECISION = "fp16"' in first and "monkeypatch" not in first
+    assert "self.addCleanup(unittest.mock.patch.stopall)" in first
+    assert 'unittest.mock.patch.object(settings, "PRECISION", "fp16", create=True).start()' in first
+    assert 'settings.PRECISION = "fp16"' not in first and "monkeypatch" not in first
     assert "@unittest.mock.patch.dict(os.environ)" in env_only
     assert "import unittest.mock" in env_only
 
@@ -359,7 +360,9 @@ def test_state_a_module_function_hands_out_is_set_with_setattr(tmp_path: Path) -
             decimal.getcontext().prec = 4
             ctx = decimal.Context()
             ctx.prec = 2
+            ctx.__class__.f = len
         """,
     )
     assert 'monkeypatch.setattr(decimal.getcontext(), "prec", 4)' in source
     assert "ctx.prec = 2" in source  # a local object: nobody else sees it
+    assert 'monkeypatch.setattr(ctx.__class__, "f", len, raising=False)' in source
