@@ -48,6 +48,9 @@ class FixCase:
     cleaners: tuple[str, ...] = ()  # verified cleaners (order-dependent only), best first
     env_leaks: Mapping[str, tuple[str | None, str | None]] = field(default_factory=dict)
     # variable -> (before, after) that a cause left changed (records' env_leak)
+    collected: tuple[str, ...] = ()
+    # every node id the sweep collected, in its order: the module checks replay a module's
+    # tests by id (empty: the engine reads them off the source, and misses parametrized ones)
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,7 @@ def find_patch(
         checker = Checker(
             scratch, replay, budget_left,
             victim=case.victim, kind=case.kind, causes=case.causes, times=times,
+            collected=case.collected, named=case.cleaners,
         )  # fmt: skip
         tried: list[str] = []
         notes: list[str] = []

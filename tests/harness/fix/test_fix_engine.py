@@ -244,3 +244,45 @@ def test_no_patch_when_nothing_verifies_and_none_without_budget(tmp_path: Path) 
     calls = Replay()
     assert find_patch(case, root, calls, times=2, budget_left=lambda: False) is None
     assert calls.calls == []
+
+
+def test_the_module_check_replays_the_collected_ids_or_says_it_could_not(tmp_path: Path) -> None:
+    files = {
+        **REGISTRY,
+        "conftest.py": (
+            "import pytest\n\n\n@pytest.fixture(params=[1, 2])\ndef size(request):\n"
+            "    return request.param\n"
+        ),
+        "test_lookup.py": REGISTRY["test_lookup.py"]
+        + "\n\ndef test_sized(size):\n    assert size\n",
+    }
+    case = FixCase(
+        "test_lookup.py::test_registry_starts_empty",
+        "order-dependent",
+        ("test_register.py::test_register_plugin",),
+    )
+    # From the source, test_lookup.py::test_sized is an id no collection has (it is
+    # test_sized[1] and [2]): the replay refuses the whole list, so only the case's own run.
+    patch, _, _ = fix(tmp_path, files, case)
+    assert patch is not None
+    module = patch.evidence["module test_lookup.py"]
+    assert isinstance(module, dict) and module["tests"].startswith("the case's own tests")
+    assert module["ran"] == 1
+    collected = (
+        "test_lookup.py::test_registry_starts_empty",
+        "test_lookup.py::test_other",
+        "test_lookup.py::test_sized[1]",
+        "test_lookup.py::test_sized[2]",
+        "test_register.py::test_register_plugin",
+    )
+    root = tmp_path / "suite"
+    again = find_patch(
+        FixCase(case.victim, case.kind, case.causes, collected=collected),
+        root,
+        Replay(),
+        times=1,
+        budget_left=lambda: True,
+    )
+    assert again is not None and again.diff == patch.diff
+    module = again.evidence["module test_lookup.py"]
+    assert isinstance(module, dict) and module["tests"] == "collected" and module["ran"] == 4
