@@ -49,6 +49,8 @@ MUTATORS = frozenset(
      "clear", "discard", "register", "__setitem__", "__delitem__", "appendleft"}
 )  # fmt: skip
 """Methods that change a container in place: called on module state, a leak."""
+PER_TEST_DIRS = frozenset({"tmp_path", "tmpdir"})
+"""Fixtures that give each test a directory of its own: what a test creates there cannot leak."""
 WRITES = frozenset({"write_text", "write_bytes", "mkdir", "touch", "makedirs", "symlink_to"})
 """Calls that create a file or directory: under a fixed path, one the next test sees."""
 
@@ -195,10 +197,41 @@ class _Planner:
             new = self._statement(stmt.body[0])
             if new is not None:
                 self.p.replaced[id(stmt.body[0])] = new
-        changes = self.p.replaced or self.p.prelude
-        if not self.unittest_style and changes and MONKEYPATCH not in self.polluter.params:
+        uses_monkeypatch = self.p.replaced or any(MONKEYPATCH in line for line in self.p.prelude)
+        self._removes_what_it_creates()
+        if not self.unittest_style and uses_monkeypatch and MONKEYPATCH not in self.polluter.params:
             self.p.params.append(MONKEYPATCH)
         return self.p
+
+    def _removes_what_it_creates(self) -> None:
+        """A file or directory the test creates at a path built from a fixture (a shared
+        directory of the session, not its own tmp_path): removed when the test ends."""
+        owned = set(self.polluter.params) - PER_TEST_DIRS
+        if self.unittest_style:
+            owned = {"self"}
+        allowed = owned | set(self.bindings) | {"self"}
+        found = _Creations()
+        for stmt in self.p.body:
+            stmt.visit(found)
+        for path, kind in found.created:
+            names = names_used(path)
+            if not names & owned or not names <= allowed or _calls_other_than_paths(path):
+                continue
+            text = _code(path.with_changes(lpar=[], rpar=[]) if path.lpar else path)
+            if kind == "dir":
+                self.p.imports.append(Import("shutil"))
+                undo = f"lambda: shutil.rmtree({text}, ignore_errors=True)"
+            else:
+                self.p.imports.append(Import("pathlib"))
+                undo = f"lambda: pathlib.Path({text}).unlink(missing_ok=True)"
+            add = "self.addCleanup" if self.unittest_style else "request.addfinalizer"
+            line = f"{add}({undo})"
+            if line in self.p.prelude:
+                continue
+            self.p.prelude.append(line)
+            self.p.what.append(f"removes {text} it creates when it ends")
+            if not self.unittest_style and "request" not in self.polluter.params:
+                self.p.params.append("request")
 
     def shared(self, expr: cst.BaseExpression) -> str:
         """The text of `expr` when it names module state (not a local), else '': a dotted
@@ -546,6 +579,46 @@ def _note_files(stmt: cst.CSTNode, notes: list[str], test: str) -> None:
                         )
 
     stmt.visit(_Files())
+
+
+class _Creations(cst.CSTVisitor):
+    """(path expression, "file" or "dir") of each file or directory a test body creates."""
+
+    def __init__(self) -> None:
+        self.created: list[tuple[cst.BaseExpression, str]] = []
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        mode = _literal(node.args[1].value) if len(node.args) > 1 else None
+        if isinstance(func, cst.Attribute):
+            method = func.attr.value
+            first = _literal(node.args[0].value) if node.args else None
+            if method in ("write_text", "write_bytes", "touch"):
+                self.created.append((func.value, "file"))
+            elif method == "mkdir":
+                self.created.append((func.value, "dir"))
+            elif method == "open" and first and any(c in first for c in "wax"):
+                self.created.append((func.value, "file"))
+        elif dotted(func) == "open" and mode and any(c in mode for c in "wax"):
+            self.created.append((node.args[0].value, "file"))
+
+
+def _calls_other_than_paths(expr: cst.BaseExpression) -> bool:
+    """Does building the path call anything but Path(...) or os.path.join(...)?"""
+
+    class _Calls(cst.CSTVisitor):
+        found = False
+
+        def visit_Call(self, node: cst.Call) -> None:
+            if not dotted(node.func).endswith(("Path", "path.join")):
+                self.found = True
+
+    finder = _Calls()
+    expr.visit(finder)
+    return finder.found
 
 
 def _literal(expr: cst.BaseExpression) -> str | None:

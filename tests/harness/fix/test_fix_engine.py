@@ -286,3 +286,26 @@ def test_the_module_check_replays_the_collected_ids_or_says_it_could_not(tmp_pat
     assert again is not None and again.diff == patch.diff
     module = again.evidence["module test_lookup.py"]
     assert isinstance(module, dict) and module["tests"] == "collected" and module["ran"] == 4
+
+
+def test_a_file_left_in_a_session_directory_is_removed_by_its_writer(tmp_path: Path) -> None:
+    files = {
+        "conftest.py": (
+            "import pytest\n\n\n@pytest.fixture(scope='session')\n"
+            "def export_dir(tmp_path_factory):\n    return tmp_path_factory.mktemp('exports')\n"
+        ),
+        "test_export.py": (
+            "def test_export(export_dir):\n    (export_dir / 'r.csv').write_text('x')\n"
+        ),
+        "test_scan.py": (
+            "def test_starts_empty(export_dir):\n    assert list(export_dir.iterdir()) == []\n"
+        ),
+    }
+    case = FixCase(
+        "test_scan.py::test_starts_empty", "order-dependent", ("test_export.py::test_export",)
+    )
+    patch, _, root = fix(tmp_path, files, case)
+    assert patch is not None and patch.source == "idiom" and patch.path == "test_export.py"
+    assert "+def test_export(export_dir, request):" in patch.diff
+    applied(root, patch)
+    assert passes(root, *case.causes, case.victim)

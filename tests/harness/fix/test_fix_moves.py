@@ -366,3 +366,32 @@ def test_state_a_module_function_hands_out_is_set_with_setattr(tmp_path: Path) -
     assert 'monkeypatch.setattr(decimal.getcontext(), "prec", 4)' in source
     assert "ctx.prec = 2" in source  # a local object: nobody else sees it
     assert 'monkeypatch.setattr(ctx.__class__, "f", len, raising=False)' in source
+
+
+def test_what_a_test_creates_in_a_shared_fixture_directory_is_removed_after(tmp_path: Path) -> None:
+    [source] = polluter(
+        tmp_path,
+        """
+        import os
+
+        def test_p(export_dir, tmp_path):
+            (export_dir / "report.csv").write_text("x")
+            (export_dir / "plots").mkdir()
+            with open(os.path.join(export_dir, "log.txt"), "w") as f:
+                f.write("x")
+            (tmp_path / "own.txt").write_text("x")
+            name = "local.txt"
+            (export_dir / name).write_text("x")
+        """,
+    )
+    assert "def test_p(export_dir, tmp_path, request):" in source
+    for line in (
+        "request.addfinalizer(lambda: pathlib.Path("
+        'export_dir / "report.csv").unlink(missing_ok=True))',
+        'request.addfinalizer(lambda: shutil.rmtree(export_dir / "plots", ignore_errors=True))',
+        "request.addfinalizer(lambda: pathlib.Path("
+        'os.path.join(export_dir, "log.txt")).unlink(missing_ok=True))',
+    ):
+        assert line in source, line
+    assert 'own.txt").unlink' not in source  # tmp_path is the test's own
+    assert "name).unlink" not in source  # built from a local: not mechanical
