@@ -204,8 +204,8 @@ def _moved(
         return []
     kept, capped = capped_ddmin(everything, fixes, STATEMENT_CAP)
     how = (
-        f"{victim.site.path}::{'::'.join((*victim.site.classes, victim.site.name))} starts with "
-        f"{len(kept)} statement(s) of its {kind} {names}"
+        f"the victim starts with {len(kept)} of the {len(units)} statement(s) of its {kind} "
+        f"{names} (for this victim only)"
     )
     evidence = {"statements": len(units), "kept": len(kept), "capped": capped, "skipped": skipped}
     return [_Candidate(victim.site.path, source(kept), kind, how, evidence)]

@@ -90,7 +90,8 @@ def rewrites(
     plan = planner.plan()
     out: list[Rewrite] = []
     if plan.what:
-        out.append(_apply(polluter, plan, f"{cause}: " + "; ".join(dict.fromkeys(plan.what))))
+        what = "; ".join(dict.fromkeys(plan.what))
+        out.append(_apply(polluter, plan, f"the polluter {cause} {what} (for every victim)"))
     if env_leaks or plan.env_other:
         doc, body = body_of(polluter.function)
         fallback = _Plan(
@@ -100,7 +101,10 @@ def rewrites(
             imports=[Import("os"), Import("unittest.mock")],
         )
         leaked = ", ".join(sorted(env_leaks)) or "the environment"
-        how = f"{cause}: @unittest.mock.patch.dict(os.environ) restores {leaked} after it"
+        how = (
+            f"the polluter {cause} gets @unittest.mock.patch.dict(os.environ), which restores "
+            f"{leaked} when it ends (for every victim)"
+        )
         out.append(_apply(polluter, fallback, how))
     return [r for r in out if r.source != polluter.module.code], planner.notes
 

@@ -309,3 +309,37 @@ def test_a_file_left_in_a_session_directory_is_removed_by_its_writer(tmp_path: P
     assert "+def test_export(export_dir, request):" in patch.diff
     applied(root, patch)
     assert passes(root, *case.causes, case.victim)
+
+
+def test_a_testcase_victim_takes_a_testcase_cleaners_setup_and_self(tmp_path: Path) -> None:
+    files = {
+        "state.py": STATE,
+        "test_configure.py": ALIASED_POLLUTER,
+        "test_clean.py": (
+            "import unittest\n\nimport state\n\n\nclass TestClean(unittest.TestCase):\n"
+            "    def setUp(self):\n        self.default = 'default'\n        self.unused = 1\n\n"
+            "    def test_resets(self):\n        state.CACHE['mode'] = self.default\n"
+            "        self.assertTrue(self.unused)\n"
+        ),
+        "test_read.py": (
+            "import unittest\n\nimport state\n\n\nclass TestRead(unittest.TestCase):\n"
+            "    def test_reads_default(self):\n"
+            "        self.assertEqual(state.CACHE['mode'], 'default')\n"
+        ),
+    }
+    case = FixCase(
+        "test_read.py::TestRead::test_reads_default",
+        "order-dependent",
+        ("test_configure.py::test_switch",),
+        cleaners=("test_clean.py::TestClean::test_resets",),
+    )
+    patch, _, root = fix(tmp_path, files, case)
+    assert patch is not None and patch.source == "cleaner"
+    added = [line for line in patch.diff.splitlines() if line.startswith("+ ") and "#" not in line]
+    assert added == [
+        "+        self.default = 'default'",
+        "+        state.CACHE['mode'] = self.default",
+    ]
+    assert patch.evidence["statements"] == 4 and patch.evidence["kept"] == 2
+    applied(root, patch)
+    assert passes(root, *case.causes, case.victim)
