@@ -219,14 +219,7 @@ def _patch(
     replays: int,
 ) -> VerifiedPatch:
     before = (rootdir / candidate.path).read_bytes()
-    diff = "".join(
-        difflib.unified_diff(
-            before.decode("utf-8").splitlines(keepends=True),
-            candidate.source.splitlines(keepends=True),
-            fromfile=f"a/{candidate.path}",
-            tofile=f"b/{candidate.path}",
-        )
-    )
+    diff = unified(candidate.path, before.decode("utf-8"), candidate.source)
     evidence = {**candidate.evidence, **checks, "replays": replays}
     return VerifiedPatch(
         victim=case.victim,
@@ -237,3 +230,20 @@ def _patch(
         how=candidate.how,
         evidence=evidence,
     )
+
+
+NO_NEWLINE = "\\ No newline at end of file"
+
+
+def unified(path: str, before: str, after: str) -> str:
+    """The unified diff from `before` to `after` of `path` (a/ and b/ prefixes, as git and
+    `patch -p1` read them), with git's marker after a last line that has no newline."""
+    out: list[str] = []
+    for line in difflib.unified_diff(
+        before.splitlines(keepends=True),
+        after.splitlines(keepends=True),
+        fromfile=f"a/{path}",
+        tofile=f"b/{path}",
+    ):
+        out.append(line if line.endswith("\n") else f"{line}\n{NO_NEWLINE}\n")
+    return "".join(out)

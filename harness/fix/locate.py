@@ -70,7 +70,8 @@ class Found:
 
 def read(root: Path, path: str) -> tuple[str, cst.Module]:
     """The source of `path` (relative to `root`) and its syntax tree."""
-    source = (root / path).read_text(encoding="utf-8")
+    with (root / path).open(encoding="utf-8", newline="") as f:  # its own line endings
+        source = f.read()
     return source, cst.parse_module(source)
 
 

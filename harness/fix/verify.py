@@ -55,7 +55,7 @@ class Scratch:
         self._base = Path(tempfile.mkdtemp(prefix="capsafe-fix-"))
         self.root = self._base / rootdir.name
         shutil.copytree(rootdir, self.root, symlinks=True, ignore=_ignored)
-        self._original: dict[str, str] = {}
+        self._original: dict[str, bytes] = {}
 
     def __enter__(self) -> Scratch:
         return self
@@ -69,17 +69,17 @@ class Scratch:
         """`path` (relative to the rootdir) holds `source` until `restore`."""
         target = self.root / path
         if path not in self._original:
-            self._original[path] = target.read_text(encoding="utf-8")
+            self._original[path] = target.read_bytes()
         if target.is_symlink():  # a link may lead out of the tree: write a file of our own
             target.unlink()
-        target.write_text(source, encoding="utf-8")
+        target.write_bytes(source.encode("utf-8"))  # line endings as the candidate has them
         _forget_bytecode(target)
 
     def restore(self) -> None:
         """Every written file back to what the rootdir had."""
-        for path, source in self._original.items():
+        for path, data in self._original.items():
             target = self.root / path
-            target.write_text(source, encoding="utf-8")
+            target.write_bytes(data)
             _forget_bytecode(target)
         self._original.clear()
 

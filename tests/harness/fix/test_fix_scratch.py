@@ -1,11 +1,18 @@
-"""The scratch copy candidate patches are tried in: what it copies, and that the user's tree
-is never written."""
+"""The scratch copy candidate patches are tried in (what it copies; the user's tree is never
+written) and the diff a patch is handed over as."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
+import pytest
+
+from capsafe_harness.fix.case import unified
+from capsafe_harness.fix.idioms import rewrites
+from capsafe_harness.fix.locate import find, read, site_of
 from capsafe_harness.fix.verify import Scratch, parses
 
 
@@ -53,3 +60,22 @@ def test_a_candidate_that_does_not_parse_is_refused() -> None:
     assert parses("def test_a(monkeypatch):\n    pass\n")
     assert not parses("def test_a(:\n    pass\n")
     assert not parses("def f():\n    return\nreturn 1\n")  # parses, does not compile
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="applies the diff with git")
+@pytest.mark.parametrize("ending", ["\n", "\r\n"])
+def test_the_diff_applies_to_the_file_as_it_is(tmp_path: Path, ending: str) -> None:
+    """Its own line endings, and no newline after its last line: the diff still applies."""
+    lines = ["import os", "", "", "def test_p():", '    os.environ["A"] = "1"']
+    original = ending.join(lines).encode()  # no newline at the end
+    (tmp_path / "test_p.py").write_bytes(original)
+    source, module = read(tmp_path, "test_p.py")
+    polluter = find(module, site_of("test_p.py::test_p"))
+    assert polluter is not None
+    [rewrite], _ = rewrites("test_p.py::test_p", polluter, tmp_path, {})
+    assert ending in rewrite.source and "\r\n" not in rewrite.source.replace(ending, "")
+    diff = unified("test_p.py", source, rewrite.source)
+    assert diff.startswith("--- a/test_p.py\n+++ b/test_p.py\n")
+    assert "\\ No newline at end of file" in diff
+    subprocess.run(["git", "apply", "-p1", "-"], cwd=tmp_path, input=diff.encode(), check=True)
+    assert (tmp_path / "test_p.py").read_bytes() == rewrite.source.encode()
