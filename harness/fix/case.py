@@ -18,7 +18,7 @@ from typing import Literal
 import libcst as cst
 
 from .delta import capped_ddmin
-from .idioms import rewrites
+from .idioms import rewrite_brittle, rewrites
 from .locate import Found, find, read, site_of
 from .transplant import Unit, donation, implant
 from .verify import Checker, OutOfBudget, Scratch
@@ -142,6 +142,7 @@ def _candidates(
             for c in case.cleaners[:MAX_CLEANERS]
         ]
     else:
+        makers.append(functools.partial(_brittle, case.victim, rootdir, victim))
         makers.append(
             functools.partial(_moved, case.causes, rootdir, victim, checker, "state-setter")
         )
@@ -164,6 +165,11 @@ def _idioms(
         return []
     found, noted = rewrites(cause, polluter, rootdir, env_leaks)
     notes += noted
+    return [_Candidate(r.path, r.source, "idiom", r.how, {}) for r in found]
+
+
+def _brittle(test: str, rootdir: Path, victim: Found) -> list[_Candidate]:
+    found = rewrite_brittle(test, victim, rootdir)
     return [_Candidate(r.path, r.source, "idiom", r.how, {}) for r in found]
 
 

@@ -109,6 +109,18 @@ def rewrites(
     return [r for r in out if r.source != polluter.module.code], planner.notes
 
 
+def rewrite_brittle(test: str, brittle: Found, root: Path) -> list[Rewrite]:
+    """A brittle test that deletes what only another test set (`del os.environ[K]`) made
+    to tolerate its absence (`monkeypatch.delenv(K, raising=False)`), its other writes
+    restored as a polluter's are; nothing when its source shows none of that."""
+    plan = _Planner(brittle, root, lenient=True).plan()
+    if not any(line.startswith("deletes") for line in plan.what):
+        return []
+    what = "; ".join(dict.fromkeys(plan.what))
+    rewrite = _apply(brittle, plan, f"the brittle test {test} {what} (for this test)")
+    return [rewrite] if rewrite.source != brittle.module.code else []
+
+
 def _apply(polluter: Found, plan: _Plan, how: str) -> Rewrite:
     function = polluter.function
     if plan.replaced:
@@ -171,9 +183,10 @@ def _code(node: cst.CSTNode) -> str:
 class _Planner:
     """Reads one polluter's top-level statements and plans their rewrite."""
 
-    def __init__(self, polluter: Found, root: Path) -> None:
+    def __init__(self, polluter: Found, root: Path, *, lenient: bool = False) -> None:
         self.polluter = polluter
         self.root = root
+        self.lenient = lenient  # a deletion tolerates an absent key (a brittle test's fix)
         self.unittest_style = polluter.is_testcase
         self.bindings = module_bindings(polluter.module)
         self.notes: list[str] = []
@@ -187,6 +200,10 @@ class _Planner:
             for name, b in self.bindings.items()
             if b is not None and b.module == "os" and b.obj == "environ"
         }
+
+    @property
+    def _raising(self) -> str:
+        return ", raising=False" if self.lenient else ""
 
     def _q(self, name: str) -> str:
         """An identifier as a string literal in the module's quotes."""
@@ -326,11 +343,11 @@ class _Planner:
                 self.p.env_other = True
                 return None
             self.p.what.append(f"deletes {key} with monkeypatch.delenv")
-            return [_expr(f"{MONKEYPATCH}.delenv({key})")]
+            return [_expr(f"{MONKEYPATCH}.delenv({key}{self._raising})")]
         holder = self.shared(target.value)
         if holder and not self.unittest_style:
             self.p.what.append(f"deletes {holder}[{key}] with monkeypatch.delitem")
-            return [_expr(f"{MONKEYPATCH}.delitem({holder}, {key})")]
+            return [_expr(f"{MONKEYPATCH}.delitem({holder}, {key}{self._raising})")]
         return None
 
     def _call(self, call: cst.Call) -> list[cst.BaseSmallStatement] | None:

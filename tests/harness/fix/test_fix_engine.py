@@ -343,3 +343,25 @@ def test_a_testcase_victim_takes_a_testcase_cleaners_setup_and_self(tmp_path: Pa
     assert patch.evidence["statements"] == 4 and patch.evidence["kept"] == 2
     applied(root, patch)
     assert passes(root, *case.causes, case.victim)
+
+
+def test_a_brittle_test_deleting_what_its_setter_set_gets_delenv_raising_false(
+    tmp_path: Path,
+) -> None:
+    files = {
+        "test_setter.py": (
+            "import os\n\n\ndef test_sets():\n    os.environ['CONF_FILE'] = 'a.yaml'\n"
+            "    assert os.environ['CONF_FILE']\n"
+        ),
+        "test_brittle.py": (
+            "import os\n\n\ndef test_without_conf():\n    del os.environ['CONF_FILE']\n"
+            "    assert os.environ.get('CONF_FILE') is None\n"
+        ),
+    }
+    case = FixCase("test_brittle.py::test_without_conf", "brittle", ("test_setter.py::test_sets",))
+    patch, _, root = fix(tmp_path, files, case)
+    assert patch is not None and patch.source == "idiom" and patch.path == "test_brittle.py"
+    assert "+    monkeypatch.delenv('CONF_FILE', raising=False)" in patch.diff
+    assert not passes(root, case.victim)
+    applied(root, patch)
+    assert passes(root, case.victim)

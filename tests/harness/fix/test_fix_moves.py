@@ -13,7 +13,7 @@ import pytest
 from capsafe_harness.fix.delta import ddmin
 from capsafe_harness.fix.edit import Import as Needed
 from capsafe_harness.fix.edit import add_imports, add_params, names_used, prepend
-from capsafe_harness.fix.idioms import rewrites
+from capsafe_harness.fix.idioms import rewrite_brittle, rewrites
 from capsafe_harness.fix.locate import Found, find, module_tests, setups, site_of
 from capsafe_harness.fix.transplant import donation, implant
 
@@ -395,3 +395,23 @@ def test_what_a_test_creates_in_a_shared_fixture_directory_is_removed_after(tmp_
         assert line in source, line
     assert 'own.txt").unlink' not in source  # tmp_path is the test's own
     assert "name).unlink" not in source  # built from a local: not mechanical
+
+
+def test_a_brittle_test_that_deletes_what_it_never_set_tolerates_its_absence(
+    tmp_path: Path,
+) -> None:
+    source = """
+        import os
+        import state
+
+        def test_b():
+            del os.environ["A"]
+            del state.TABLE["k"]
+            assert "A" not in os.environ
+    """
+    hit = found(source, "test_b.py::test_b")
+    [rewrite] = rewrite_brittle("test_b.py::test_b", hit, tmp_path)
+    assert '    monkeypatch.delenv("A", raising=False)\n' in rewrite.source
+    assert '    monkeypatch.delitem(state.TABLE, "k", raising=False)\n' in rewrite.source
+    reads = found("import state\n\ndef test_b():\n    assert state.TABLE['k']\n", "t.py::test_b")
+    assert rewrite_brittle("t.py::test_b", reads, tmp_path) == []
