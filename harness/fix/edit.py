@@ -128,9 +128,15 @@ def dotted(expr: cst.BaseExpression) -> str:
 def module_bindings(module: cst.Module) -> dict[str, Import | None]:
     """Names a module binds at its top level (also inside top-level if/try blocks): the
     import that binds each, or None for a def, class or assignment of the module itself."""
+    return bindings_of(module.body)
+
+
+def bindings_of(statements: Sequence[cst.CSTNode]) -> dict[str, Import | None]:
+    """Names these statements bind (not inside a def or class): the import that binds each,
+    or None for anything else."""
     out: dict[str, Import | None] = {}
     collector = _Bindings(out)
-    for stmt in module.body:
+    for stmt in statements:
         stmt.visit(collector)
     return out
 

@@ -31,6 +31,7 @@ from .edit import (
     add_decorator,
     add_imports,
     add_params,
+    bindings_of,
     body_of,
     dotted,
     module_bindings,
@@ -76,6 +77,7 @@ class _Plan:
     params: list[str] = field(default_factory=list)
     imports: list[Import] = field(default_factory=list)
     what: list[str] = field(default_factory=list)
+    swaps: dict[tuple[str, str], bool] = field(default_factory=dict)  # (owner, attr) -> copied?
     env_other: bool = False
 
 
@@ -92,6 +94,11 @@ def rewrites(
     if plan.what:
         what = "; ".join(dict.fromkeys(plan.what))
         out.append(_apply(polluter, plan, f"the polluter {cause} {what} (for every victim)"))
+    if Import("copy") in plan.imports:  # a shallow copy shares nested state: a deep one next
+        deep = _Planner(polluter, root, deep=True).plan()
+        what = "; ".join(dict.fromkeys(deep.what))
+        how = f"the polluter {cause} {what}, from a deep copy (for every victim)"
+        out.append(_apply(polluter, deep, how))
     if env_leaks or plan.env_other:
         doc, body = body_of(polluter.function)
         fallback = _Plan(
@@ -183,12 +190,20 @@ def _code(node: cst.CSTNode) -> str:
 class _Planner:
     """Reads one polluter's top-level statements and plans their rewrite."""
 
-    def __init__(self, polluter: Found, root: Path, *, lenient: bool = False) -> None:
+    def __init__(
+        self, polluter: Found, root: Path, *, lenient: bool = False, deep: bool = False
+    ) -> None:
         self.polluter = polluter
         self.root = root
+        self.deep = deep  # a registry's stand-in is a deep copy (nested state changed in place)
         self.lenient = lenient  # a deletion tolerates an absent key (a brittle test's fix)
         self.unittest_style = polluter.is_testcase
+        # What the module imports, and what the test imports in its own body (configaro's
+        # `from configaro import init, put` inside the test).
         self.bindings = module_bindings(polluter.module)
+        for name, bound in bindings_of(body_of(polluter.function)[1]).items():
+            if bound is not None:
+                self.bindings.setdefault(name, bound)
         self.notes: list[str] = []
         doc, body = body_of(polluter.function)
         self.p = _Plan(doc=doc, body=body)
@@ -218,6 +233,7 @@ class _Planner:
             new = self._statement(stmt.body[0])
             if new is not None:
                 self.p.replaced[id(stmt.body[0])] = new
+        self.p.prelude[:0] = self._swap_lines()
         uses_monkeypatch = self.p.replaced or any(MONKEYPATCH in line for line in self.p.prelude)
         self._removes_what_it_creates()
         if not self.unittest_style and uses_monkeypatch and MONKEYPATCH not in self.polluter.params:
@@ -404,23 +420,26 @@ class _Planner:
         return None
 
     def _copy_before(self, owner: str, attr: str, *, rebinds: bool) -> None:
-        """Before the test's body: swap `owner.attr` for a copy (or itself, when it is only
-        rebound) that is put back when the test ends."""
-        p = self.p
-        value = f"{owner}.{attr}" if rebinds else f"copy.copy({owner}.{attr})"
-        if not rebinds:
-            p.imports.append(Import("copy"))
-        if self.unittest_style:
-            line = f"self.addCleanup(setattr, {owner}, {self._q(attr)}, {owner}.{attr})"
-            if line not in p.prelude:
-                p.prelude.append(line)
-                if not rebinds:
-                    p.prelude.append(f"{owner}.{attr} = {value}")
-        else:
-            line = f"{MONKEYPATCH}.setattr({owner}, {self._q(attr)}, {value})"
-            if line not in p.prelude:
-                p.prelude.append(line)
-        p.what.append(f"restores {owner}.{attr} when it ends")
+        """Plan to swap `owner.attr`, before the test's body, for a copy (or itself, when it
+        is only rebound) that is put back when the test ends; a copy wins over itself."""
+        key = (owner, attr)
+        self.p.swaps[key] = self.p.swaps.get(key, False) or not rebinds
+        self.p.what.append(f"restores {owner}.{attr} when it ends")
+
+    def _swap_lines(self) -> list[str]:
+        lines: list[str] = []
+        copier = "copy.deepcopy" if self.deep else "copy.copy"
+        for (owner, attr), copied in self.p.swaps.items():
+            value = f"{copier}({owner}.{attr})" if copied else f"{owner}.{attr}"
+            if copied:
+                self.p.imports.append(Import("copy"))
+            if self.unittest_style:
+                lines.append(f"self.addCleanup(setattr, {owner}, {self._q(attr)}, {owner}.{attr})")
+                if copied:
+                    lines.append(f"{owner}.{attr} = {value}")
+            else:
+                lines.append(f"{MONKEYPATCH}.setattr({owner}, {self._q(attr)}, {value})")
+        return lines
 
 
 def _is_class_of(expr: cst.BaseExpression) -> bool:

@@ -254,7 +254,7 @@ def test_module_state_becomes_setattr_setitem_or_a_restored_copy(tmp_path: Path)
         "PLUGINS = []\nMODE = 'a'\n\ndef register(name):\n    PLUGINS.append(name)\n\n"
         "def switch():\n    global MODE\n    MODE = 'b'\n"
     )
-    [source] = polluter(
+    [source, deep] = polluter(
         tmp_path,
         """
         import registry
@@ -274,6 +274,31 @@ def test_module_state_becomes_setattr_setitem_or_a_restored_copy(tmp_path: Path)
     assert 'monkeypatch.setattr(registry, "PLUGINS", copy.copy(registry.PLUGINS))' in source
     assert 'monkeypatch.setattr(registry, "MODE", registry.MODE)' in source
     assert 'local["k"] = 1' in source and "import copy" in source
+    # Next candidate: nested state changed in place survives a shallow copy.
+    assert 'monkeypatch.setattr(registry, "PLUGINS", copy.deepcopy(registry.PLUGINS))' in deep
+
+
+def test_a_function_imported_in_the_test_that_rebinds_and_mutates_one_global(
+    tmp_path: Path,
+) -> None:
+    """configaro's polluter: `from configaro import init, put` in its body; init() rebinds
+    the global, put() changes it in place: one swap, for a copy, restores both."""
+    (tmp_path / "config.py").write_text(
+        "DATA = {}\n\ndef init():\n    global DATA\n    DATA = {'level': 'DEBUG'}\n\n"
+        "def put(level):\n    DATA.update(level=level)\n"
+    )
+    source, _ = polluter(
+        tmp_path,
+        """
+        def test_p():
+            from config import init, put
+            init()
+            put("INFO")
+        """,
+    )
+    assert source.count("monkeypatch.setattr(") == 1
+    assert '    monkeypatch.setattr(config, "DATA", copy.copy(config.DATA))\n' in source
+    assert "import config\n" in source
 
 
 def test_a_testcase_polluter_restores_with_addcleanup_and_patch_dict(tmp_path: Path) -> None:
