@@ -8,6 +8,7 @@ of the rootdir with a candidate patch applied.
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,13 +18,15 @@ from typing import Literal
 import libcst as cst
 
 from .delta import capped_ddmin
-from .idioms import rewrites
+from .idioms import rewrite_brittle, rewrites
 from .locate import Found, find, read, site_of
 from .transplant import Unit, donation, implant
 from .verify import Checker, OutOfBudget, Scratch
 
 MAX_CLEANERS = 3
 """Cleaners tried per victim, best first (each costs a minimisation)."""
+UNEDITABLE = (cst.ParserSyntaxError, cst.CSTValidationError, RecursionError)
+"""What libcst raises on source it cannot parse or a node it cannot build."""
 STATEMENT_CAP = 32
 """Replays one statement minimisation may spend before it keeps what it has."""
 
@@ -45,6 +48,9 @@ class FixCase:
     cleaners: tuple[str, ...] = ()  # verified cleaners (order-dependent only), best first
     env_leaks: Mapping[str, tuple[str | None, str | None]] = field(default_factory=dict)
     # variable -> (before, after) that a cause left changed (records' env_leak)
+    collected: tuple[str, ...] = ()
+    # every node id the sweep collected, in its order: the module checks replay a module's
+    # tests by id (empty: the engine reads them off the source, and misses parametrized ones)
 
 
 @dataclass(frozen=True)
@@ -93,17 +99,20 @@ def find_patch(
         checker = Checker(
             scratch, replay, budget_left,
             victim=case.victim, kind=case.kind, causes=case.causes, times=times,
+            collected=case.collected, named=case.cleaners,
         )  # fmt: skip
         tried: list[str] = []
+        notes: list[str] = []
         try:
             if checker.victim_passes():  # it does not misbehave here: nothing to verify against
                 return None
-            for candidate in _candidates(case, rootdir, victim, checker):
+            for candidate in _candidates(case, rootdir, victim, checker, notes):
                 evidence = checker.verify(candidate.path, candidate.source)
                 if evidence is None:
                     tried.append(candidate.how)
                     continue
-                return _patch(case, rootdir, candidate, evidence, tried, checker.replays)
+                evidence = {**evidence, "tried_first": tried, "notes": notes}
+                return _patch(case, rootdir, candidate, evidence, checker.replays)
         except OutOfBudget:
             return None
     return None
@@ -119,39 +128,60 @@ def _found(rootdir: Path, nodeid: str) -> Found | None:
 
 
 def _candidates(
-    case: FixCase, rootdir: Path, victim: Found, checker: Checker
+    case: FixCase, rootdir: Path, victim: Found, checker: Checker, notes: list[str]
 ) -> Iterator[_Candidate]:
-    """Candidate patches, best first, each still to be verified."""
+    """Candidate patches, best first, each still to be verified; what the polluters' source
+    shows and no rewrite fixes (a file under a fixed path) goes to `notes`."""
+    makers: list[Callable[[], list[_Candidate]]] = []
     if case.kind == "order-dependent":
-        for cause in case.causes:
-            polluter = _found(rootdir, cause)
-            if polluter is None:
-                continue
-            found, notes = rewrites(cause, polluter, rootdir, case.env_leaks)
-            for rewrite in found:
-                yield _Candidate(
-                    rewrite.path, rewrite.source, "idiom", rewrite.how, {"notes": notes}
-                )
-        for cleaner in case.cleaners[:MAX_CLEANERS]:
-            moved = _moved(cleaner, rootdir, victim, checker, "cleaner")
-            if moved is not None:
-                yield moved
+        makers += [
+            functools.partial(_idioms, c, rootdir, case.env_leaks, notes) for c in case.causes
+        ]
+        makers += [
+            functools.partial(_moved, (c,), rootdir, victim, checker, "cleaner")
+            for c in case.cleaners[:MAX_CLEANERS]
+        ]
     else:
-        moved = _moved(case.causes, rootdir, victim, checker, "state-setter")
-        if moved is not None:
-            yield moved
+        makers.append(functools.partial(_brittle, case.victim, rootdir, victim))
+        makers.append(
+            functools.partial(_moved, case.causes, rootdir, victim, checker, "state-setter")
+        )
+    for make in makers:
+        try:
+            made = make()
+        except UNEDITABLE:  # source libcst cannot rebuild as planned: no candidate from it
+            continue
+        yield from made
+
+
+def _idioms(
+    cause: str,
+    rootdir: Path,
+    env_leaks: Mapping[str, tuple[str | None, str | None]],
+    notes: list[str],
+) -> list[_Candidate]:
+    polluter = _found(rootdir, cause)
+    if polluter is None:
+        return []
+    found, noted = rewrites(cause, polluter, rootdir, env_leaks)
+    notes += noted
+    return [_Candidate(r.path, r.source, "idiom", r.how, {}) for r in found]
+
+
+def _brittle(test: str, rootdir: Path, victim: Found) -> list[_Candidate]:
+    found = rewrite_brittle(test, victim, rootdir)
+    return [_Candidate(r.path, r.source, "idiom", r.how, {}) for r in found]
 
 
 def _moved(
-    donors: str | Sequence[str],
+    ids: Sequence[str],
     rootdir: Path,
     victim: Found,
     checker: Checker,
     kind: Literal["cleaner", "state-setter"],
-) -> _Candidate | None:
-    """The donors' statements, minimised, at the start of the victim; None when even all of
+) -> list[_Candidate]:
+    """The donors' statements, minimised, at the start of the victim; none when even all of
     them do not make it pass (or none can move)."""
-    ids = [donors] if isinstance(donors, str) else list(donors)
     units: list[Unit] = []
     skipped: list[str] = []
     for donor_id in ids:
@@ -163,7 +193,7 @@ def _moved(
         units += offered.units
         skipped += offered.skipped
     names = ", ".join(ids)
-    comment = f"capsafe fix: from the {kind} {names}, so this test needs no other test first"
+    comment = f"capsafe fix: taken from the {kind} {names}"
 
     def source(indices: Sequence[int]) -> str:
         return implant(victim, [units[i] for i in indices], comment).code
@@ -177,14 +207,14 @@ def _moved(
 
     everything = list(range(len(units)))
     if not units or not fixes(everything):
-        return None
+        return []
     kept, capped = capped_ddmin(everything, fixes, STATEMENT_CAP)
     how = (
-        f"{victim.site.path}::{'::'.join((*victim.site.classes, victim.site.name))} starts with "
-        f"{len(kept)} statement(s) of its {kind} {names}"
+        f"the victim starts with {len(kept)} of the {len(units)} statement(s) of its {kind} "
+        f"{names} (for this victim only)"
     )
     evidence = {"statements": len(units), "kept": len(kept), "capped": capped, "skipped": skipped}
-    return _Candidate(victim.site.path, source(kept), kind, how, evidence)
+    return [_Candidate(victim.site.path, source(kept), kind, how, evidence)]
 
 
 def _patch(
@@ -192,19 +222,11 @@ def _patch(
     rootdir: Path,
     candidate: _Candidate,
     checks: Mapping[str, object],
-    tried: list[str],
     replays: int,
 ) -> VerifiedPatch:
     before = (rootdir / candidate.path).read_bytes()
-    diff = "".join(
-        difflib.unified_diff(
-            before.decode("utf-8").splitlines(keepends=True),
-            candidate.source.splitlines(keepends=True),
-            fromfile=f"a/{candidate.path}",
-            tofile=f"b/{candidate.path}",
-        )
-    )
-    evidence = {**candidate.evidence, **checks, "replays": replays, "tried_first": tried}
+    diff = unified(candidate.path, before.decode("utf-8"), candidate.source)
+    evidence = {**candidate.evidence, **checks, "replays": replays}
     return VerifiedPatch(
         victim=case.victim,
         path=candidate.path,
@@ -214,3 +236,20 @@ def _patch(
         how=candidate.how,
         evidence=evidence,
     )
+
+
+NO_NEWLINE = "\\ No newline at end of file"
+
+
+def unified(path: str, before: str, after: str) -> str:
+    """The unified diff from `before` to `after` of `path` (a/ and b/ prefixes, as git and
+    `patch -p1` read them), with git's marker after a last line that has no newline."""
+    out: list[str] = []
+    for line in difflib.unified_diff(
+        before.splitlines(keepends=True),
+        after.splitlines(keepends=True),
+        fromfile=f"a/{path}",
+        tofile=f"b/{path}",
+    ):
+        out.append(line if line.endswith("\n") else f"{line}\n{NO_NEWLINE}\n")
+    return "".join(out)

@@ -57,9 +57,9 @@ def prepend(
     function: cst.FunctionDef, statements: Sequence[cst.BaseStatement], comment: str = ""
 ) -> cst.FunctionDef:
     """`statements` at the start of `function`'s body (after its docstring), the first one
-    under `# comment`."""
+    under `# comment` (the comments above them where they came from are left there)."""
     doc, rest = body_of(function)
-    moved = [_without_blank_lines(s) for s in statements]
+    moved = [_bare(s) for s in statements]
     if moved and comment:
         moved[0] = _with_comment(moved[0], comment)
     return with_body(function, [*doc, *moved, *rest])
@@ -128,9 +128,15 @@ def dotted(expr: cst.BaseExpression) -> str:
 def module_bindings(module: cst.Module) -> dict[str, Import | None]:
     """Names a module binds at its top level (also inside top-level if/try blocks): the
     import that binds each, or None for a def, class or assignment of the module itself."""
+    return bindings_of(module.body)
+
+
+def bindings_of(statements: Sequence[cst.CSTNode]) -> dict[str, Import | None]:
+    """Names these statements bind (not inside a def or class): the import that binds each,
+    or None for anything else."""
     out: dict[str, Import | None] = {}
     collector = _Bindings(out)
-    for stmt in module.body:
+    for stmt in statements:
         stmt.visit(collector)
     return out
 
@@ -220,10 +226,10 @@ def _is_docstring(stmt: cst.BaseStatement) -> bool:
     )
 
 
-def _without_blank_lines(stmt: cst.BaseStatement) -> cst.BaseStatement:
+def _bare(stmt: cst.BaseStatement) -> cst.BaseStatement:
+    """Without the blank lines and comments above it: they described it where it was."""
     assert isinstance(stmt, cst.SimpleStatementLine | cst.BaseCompoundStatement)
-    lines = [line for line in stmt.leading_lines if line.comment is not None]
-    return stmt.with_changes(leading_lines=lines)
+    return stmt.with_changes(leading_lines=[])
 
 
 def _with_comment(stmt: cst.BaseStatement, comment: str) -> cst.BaseStatement:

@@ -12,7 +12,8 @@ polluter is fixed at once (docs/fixes.md has the table):
     a module-level container                                    -> monkeypatch.setattr of a copy
     any other change to os.environ (clear, setdefault, a helper) -> @mock.patch.dict(os.environ)
 
-A unittest.TestCase polluter takes no fixtures: it gets `self.addCleanup` (setattr back) or
+A unittest.TestCase polluter takes no fixtures: it gets `unittest.mock.patch.object(...).start()`
+with `self.addCleanup(unittest.mock.patch.stopall)`, `self.addCleanup(setattr, ...)` or
 `@unittest.mock.patch.dict(...)` instead. A file written under a fixed path is only noted
 (`tmp_path` suggested). Every rewrite is a candidate: only replay decides that it fixes.
 """
@@ -30,6 +31,7 @@ from .edit import (
     add_decorator,
     add_imports,
     add_params,
+    bindings_of,
     body_of,
     dotted,
     module_bindings,
@@ -42,11 +44,14 @@ from .locate import Found
 
 ENVIRON = "os.environ"
 MONKEYPATCH = "monkeypatch"
+STOPALL = "self.addCleanup(unittest.mock.patch.stopall)"
 MUTATORS = frozenset(
     {"append", "extend", "insert", "add", "update", "setdefault", "pop", "popitem", "remove",
      "clear", "discard", "register", "__setitem__", "__delitem__", "appendleft"}
 )  # fmt: skip
 """Methods that change a container in place: called on module state, a leak."""
+PER_TEST_DIRS = frozenset({"tmp_path", "tmpdir"})
+"""Fixtures that give each test a directory of its own: what a test creates there cannot leak."""
 WRITES = frozenset({"write_text", "write_bytes", "mkdir", "touch", "makedirs", "symlink_to"})
 """Calls that create a file or directory: under a fixed path, one the next test sees."""
 
@@ -72,6 +77,7 @@ class _Plan:
     params: list[str] = field(default_factory=list)
     imports: list[Import] = field(default_factory=list)
     what: list[str] = field(default_factory=list)
+    swaps: dict[tuple[str, str], bool] = field(default_factory=dict)  # (owner, attr) -> copied?
     env_other: bool = False
 
 
@@ -86,7 +92,13 @@ def rewrites(
     plan = planner.plan()
     out: list[Rewrite] = []
     if plan.what:
-        out.append(_apply(polluter, plan, f"{cause}: " + "; ".join(dict.fromkeys(plan.what))))
+        what = "; ".join(dict.fromkeys(plan.what))
+        out.append(_apply(polluter, plan, f"the polluter {cause} {what} (for every victim)"))
+    if Import("copy") in plan.imports:  # a shallow copy shares nested state: a deep one next
+        deep = _Planner(polluter, root, deep=True).plan()
+        what = "; ".join(dict.fromkeys(deep.what))
+        how = f"the polluter {cause} {what}, from a deep copy (for every victim)"
+        out.append(_apply(polluter, deep, how))
     if env_leaks or plan.env_other:
         doc, body = body_of(polluter.function)
         fallback = _Plan(
@@ -96,9 +108,24 @@ def rewrites(
             imports=[Import("os"), Import("unittest.mock")],
         )
         leaked = ", ".join(sorted(env_leaks)) or "the environment"
-        how = f"{cause}: @unittest.mock.patch.dict(os.environ) restores {leaked} after it"
+        how = (
+            f"the polluter {cause} gets @unittest.mock.patch.dict(os.environ), which restores "
+            f"{leaked} when it ends (for every victim)"
+        )
         out.append(_apply(polluter, fallback, how))
     return [r for r in out if r.source != polluter.module.code], planner.notes
+
+
+def rewrite_brittle(test: str, brittle: Found, root: Path) -> list[Rewrite]:
+    """A brittle test that deletes what only another test set (`del os.environ[K]`) made
+    to tolerate its absence (`monkeypatch.delenv(K, raising=False)`), its other writes
+    restored as a polluter's are; nothing when its source shows none of that."""
+    plan = _Planner(brittle, root, lenient=True).plan()
+    if not any(line.startswith("deletes") for line in plan.what):
+        return []
+    what = "; ".join(dict.fromkeys(plan.what))
+    rewrite = _apply(brittle, plan, f"the brittle test {test} {what} (for this test)")
+    return [rewrite] if rewrite.source != brittle.module.code else []
 
 
 def _apply(polluter: Found, plan: _Plan, how: str) -> Rewrite:
@@ -139,9 +166,21 @@ def _expr(code: str) -> cst.BaseSmallStatement:
     return cst.Expr(cst.parse_expression(code))
 
 
-def _q(name: str) -> str:
-    """An identifier as a double-quoted string literal (the quotes ruff and black write)."""
-    return f'"{name}"'
+def _quote(module: cst.Module) -> str:
+    """The quote most of the module's strings use (ruff's and black's double by default)."""
+
+    class _Quotes(cst.CSTVisitor):
+        single = double = 0
+
+        def visit_SimpleString(self, node: cst.SimpleString) -> None:
+            if node.quote == "'":
+                self.single += 1
+            elif node.quote == '"':
+                self.double += 1
+
+    counter = _Quotes()
+    module.visit(counter)
+    return "'" if counter.single > counter.double else '"'
 
 
 def _code(node: cst.CSTNode) -> str:
@@ -151,21 +190,39 @@ def _code(node: cst.CSTNode) -> str:
 class _Planner:
     """Reads one polluter's top-level statements and plans their rewrite."""
 
-    def __init__(self, polluter: Found, root: Path) -> None:
+    def __init__(
+        self, polluter: Found, root: Path, *, lenient: bool = False, deep: bool = False
+    ) -> None:
         self.polluter = polluter
         self.root = root
+        self.deep = deep  # a registry's stand-in is a deep copy (nested state changed in place)
+        self.lenient = lenient  # a deletion tolerates an absent key (a brittle test's fix)
         self.unittest_style = polluter.is_testcase
+        # What the module imports, and what the test imports in its own body (configaro's
+        # `from configaro import init, put` inside the test).
         self.bindings = module_bindings(polluter.module)
+        for name, bound in bindings_of(body_of(polluter.function)[1]).items():
+            if bound is not None:
+                self.bindings.setdefault(name, bound)
         self.notes: list[str] = []
         doc, body = body_of(polluter.function)
         self.p = _Plan(doc=doc, body=body)
         self.globals = _globals(body)
+        self.quote = _quote(polluter.module)
         self.local = (set(polluter.params) | {"self"} | _assigned(body)) - self.globals
         self.env_names = {ENVIRON} | {
             name
             for name, b in self.bindings.items()
             if b is not None and b.module == "os" and b.obj == "environ"
         }
+
+    @property
+    def _raising(self) -> str:
+        return ", raising=False" if self.lenient else ""
+
+    def _q(self, name: str) -> str:
+        """An identifier as a string literal in the module's quotes."""
+        return f"{self.quote}{name}{self.quote}"
 
     def plan(self) -> _Plan:
         for stmt in self.p.body:
@@ -176,13 +233,51 @@ class _Planner:
             new = self._statement(stmt.body[0])
             if new is not None:
                 self.p.replaced[id(stmt.body[0])] = new
-        changes = self.p.replaced or self.p.prelude
-        if not self.unittest_style and changes and MONKEYPATCH not in self.polluter.params:
+        self.p.prelude[:0] = self._swap_lines()
+        uses_monkeypatch = self.p.replaced or any(MONKEYPATCH in line for line in self.p.prelude)
+        self._removes_what_it_creates()
+        if not self.unittest_style and uses_monkeypatch and MONKEYPATCH not in self.polluter.params:
             self.p.params.append(MONKEYPATCH)
         return self.p
 
+    def _removes_what_it_creates(self) -> None:
+        """A file or directory the test creates at a path built from a fixture (a shared
+        directory of the session, not its own tmp_path): removed when the test ends."""
+        owned = set(self.polluter.params) - PER_TEST_DIRS
+        if self.unittest_style:
+            owned = {"self"}
+        allowed = owned | set(self.bindings) | {"self"}
+        found = _Creations()
+        for stmt in self.p.body:
+            stmt.visit(found)
+        for path, kind in found.created:
+            names = names_used(path)
+            if not names & owned or not names <= allowed or _calls_other_than_paths(path):
+                continue
+            text = _code(path.with_changes(lpar=[], rpar=[]) if path.lpar else path)
+            if kind == "dir":
+                self.p.imports.append(Import("shutil"))
+                undo = f"lambda: shutil.rmtree({text}, ignore_errors=True)"
+            else:
+                self.p.imports.append(Import("pathlib"))
+                undo = f"lambda: pathlib.Path({text}).unlink(missing_ok=True)"
+            add = "self.addCleanup" if self.unittest_style else "request.addfinalizer"
+            line = f"{add}({undo})"
+            if line in self.p.prelude:
+                continue
+            self.p.prelude.append(line)
+            self.p.what.append(f"removes {text} it creates when it ends")
+            if not self.unittest_style and "request" not in self.polluter.params:
+                self.p.params.append("request")
+
     def shared(self, expr: cst.BaseExpression) -> str:
-        """The dotted text of `expr` when it names module state (not a local), else ''."""
+        """The text of `expr` when it names module state (not a local), else '': a dotted
+        name, or a call of one (`decimal.getcontext()`: the object a module function hands
+        out, as process-wide as the module)."""
+        if _is_class_of(expr):  # o.__class__, type(o): a class, shared even when o is not
+            return _code(expr)
+        if isinstance(expr, cst.Call):
+            return _code(expr) if self.shared(expr.func) else ""
         text = dotted(expr)
         head = text.split(".", 1)[0]
         if not text or head in self.local:
@@ -231,20 +326,28 @@ class _Planner:
             holder, attr = self.shared(target.value), target.attr.value
             if not holder or self.env(target):
                 return None
+            if self.unittest_style:  # unittest.mock's own pattern: start(), addCleanup(stopall)
+                p.what.append(f"sets {holder}.{attr} with unittest.mock.patch.object")
+                p.imports.append(Import("unittest.mock"))
+                if STOPALL not in p.prelude:
+                    p.prelude.append(STOPALL)
+                patch = (
+                    f"unittest.mock.patch.object({holder}, {self._q(attr)}, {value}, create=True)"
+                )
+                return [_expr(f"{patch}.start()")]
             p.what.append(f"sets {holder}.{attr} with monkeypatch.setattr")
-            if self.unittest_style:
-                p.prelude.append(f"self.addCleanup(setattr, {holder}, {_q(attr)}, {holder}.{attr})")
-                return None
-            return [_expr(f"{mp}.setattr({holder}, {_q(attr)}, {value})")]
+            # A class's attribute a test adds (o.__class__.f = ...) did not exist before it.
+            raising = ", raising=False" if _is_class_of(target.value) else ""
+            return [_expr(f"{mp}.setattr({holder}, {self._q(attr)}, {value}{raising})")]
         if isinstance(target, cst.Name) and target.value in self.globals:
             name = target.value
             p.imports.append(Import("sys"))
             p.what.append(f"rebinds the global {name} with monkeypatch.setattr")
             here = "sys.modules[__name__]"
             if self.unittest_style:
-                p.prelude.append(f"self.addCleanup(setattr, {here}, {_q(name)}, {name})")
+                p.prelude.append(f"self.addCleanup(setattr, {here}, {self._q(name)}, {name})")
                 return None
-            return [_expr(f"{mp}.setattr({here}, {_q(name)}, {value})")]
+            return [_expr(f"{mp}.setattr({here}, {self._q(name)}, {value})")]
         return None
 
     def _delete(self, target: cst.Subscript) -> list[cst.BaseSmallStatement] | None:
@@ -256,11 +359,11 @@ class _Planner:
                 self.p.env_other = True
                 return None
             self.p.what.append(f"deletes {key} with monkeypatch.delenv")
-            return [_expr(f"{MONKEYPATCH}.delenv({key})")]
+            return [_expr(f"{MONKEYPATCH}.delenv({key}{self._raising})")]
         holder = self.shared(target.value)
         if holder and not self.unittest_style:
             self.p.what.append(f"deletes {holder}[{key}] with monkeypatch.delitem")
-            return [_expr(f"{MONKEYPATCH}.delitem({holder}, {key})")]
+            return [_expr(f"{MONKEYPATCH}.delitem({holder}, {key}{self._raising})")]
         return None
 
     def _call(self, call: cst.Call) -> list[cst.BaseSmallStatement] | None:
@@ -285,7 +388,7 @@ class _Planner:
             if method == "update" and keywords and len(keywords) == len(call.args):
                 p.what.append("sets the variables with monkeypatch.setenv")
                 return [
-                    _expr(f"{mp}.setenv({_q(a.keyword.value)}, {_code(a.value)})")
+                    _expr(f"{mp}.setenv({self._q(a.keyword.value)}, {_code(a.value)})")
                     for a in keywords
                     if a.keyword is not None
                 ]
@@ -317,23 +420,32 @@ class _Planner:
         return None
 
     def _copy_before(self, owner: str, attr: str, *, rebinds: bool) -> None:
-        """Before the test's body: swap `owner.attr` for a copy (or itself, when it is only
-        rebound) that is put back when the test ends."""
-        p = self.p
-        value = f"{owner}.{attr}" if rebinds else f"copy.copy({owner}.{attr})"
-        if not rebinds:
-            p.imports.append(Import("copy"))
-        if self.unittest_style:
-            line = f"self.addCleanup(setattr, {owner}, {_q(attr)}, {owner}.{attr})"
-            if line not in p.prelude:
-                p.prelude.append(line)
-                if not rebinds:
-                    p.prelude.append(f"{owner}.{attr} = {value}")
-        else:
-            line = f"{MONKEYPATCH}.setattr({owner}, {_q(attr)}, {value})"
-            if line not in p.prelude:
-                p.prelude.append(line)
-        p.what.append(f"restores {owner}.{attr} when it ends")
+        """Plan to swap `owner.attr`, before the test's body, for a copy (or itself, when it
+        is only rebound) that is put back when the test ends; a copy wins over itself."""
+        key = (owner, attr)
+        self.p.swaps[key] = self.p.swaps.get(key, False) or not rebinds
+        self.p.what.append(f"restores {owner}.{attr} when it ends")
+
+    def _swap_lines(self) -> list[str]:
+        lines: list[str] = []
+        copier = "copy.deepcopy" if self.deep else "copy.copy"
+        for (owner, attr), copied in self.p.swaps.items():
+            value = f"{copier}({owner}.{attr})" if copied else f"{owner}.{attr}"
+            if copied:
+                self.p.imports.append(Import("copy"))
+            if self.unittest_style:
+                lines.append(f"self.addCleanup(setattr, {owner}, {self._q(attr)}, {owner}.{attr})")
+                if copied:
+                    lines.append(f"{owner}.{attr} = {value}")
+            else:
+                lines.append(f"{MONKEYPATCH}.setattr({owner}, {self._q(attr)}, {value})")
+        return lines
+
+
+def _is_class_of(expr: cst.BaseExpression) -> bool:
+    if isinstance(expr, cst.Attribute):
+        return expr.attr.value == "__class__"
+    return isinstance(expr, cst.Call) and dotted(expr.func) == "type" and len(expr.args) == 1
 
 
 def _key(target: cst.Subscript) -> str | None:
@@ -507,6 +619,46 @@ def _note_files(stmt: cst.CSTNode, notes: list[str], test: str) -> None:
                         )
 
     stmt.visit(_Files())
+
+
+class _Creations(cst.CSTVisitor):
+    """(path expression, "file" or "dir") of each file or directory a test body creates."""
+
+    def __init__(self) -> None:
+        self.created: list[tuple[cst.BaseExpression, str]] = []
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        mode = _literal(node.args[1].value) if len(node.args) > 1 else None
+        if isinstance(func, cst.Attribute):
+            method = func.attr.value
+            first = _literal(node.args[0].value) if node.args else None
+            if method in ("write_text", "write_bytes", "touch"):
+                self.created.append((func.value, "file"))
+            elif method == "mkdir":
+                self.created.append((func.value, "dir"))
+            elif method == "open" and first and any(c in first for c in "wax"):
+                self.created.append((func.value, "file"))
+        elif dotted(func) == "open" and mode and any(c in mode for c in "wax"):
+            self.created.append((node.args[0].value, "file"))
+
+
+def _calls_other_than_paths(expr: cst.BaseExpression) -> bool:
+    """Does building the path call anything but Path(...) or os.path.join(...)?"""
+
+    class _Calls(cst.CSTVisitor):
+        found = False
+
+        def visit_Call(self, node: cst.Call) -> None:
+            if not dotted(node.func).endswith(("Path", "path.join")):
+                self.found = True
+
+    finder = _Calls()
+    expr.visit(finder)
+    return finder.found
 
 
 def _literal(expr: cst.BaseExpression) -> str | None:

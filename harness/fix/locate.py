@@ -17,6 +17,8 @@ from .edit import dotted
 
 SETUPS = ("setup_method", "setUp")
 """Methods of a class that run before each of its tests (pytest's, then unittest's)."""
+TEARDOWNS = ("teardown_method", "tearDown")
+"""Methods of a class that run after each of its tests."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,8 @@ class Found:
 
 def read(root: Path, path: str) -> tuple[str, cst.Module]:
     """The source of `path` (relative to `root`) and its syntax tree."""
-    source = (root / path).read_text(encoding="utf-8")
+    with (root / path).open(encoding="utf-8", newline="") as f:  # its own line endings
+        source = f.read()
     return source, cst.parse_module(source)
 
 
@@ -108,6 +111,23 @@ def setups(found: Found) -> list[Found]:
         setup = find(found.module, Site(found.site.path, (), "setup_function"))
         if setup is not None:
             out.append(setup)
+    return out
+
+
+def teardowns(found: Found) -> list[Found]:
+    """What runs after the test's body: its class's teardown method, else the module's
+    `teardown_function` (a cleaner's cleanup often lives there)."""
+    out: list[Found] = []
+    if found.owner is not None:
+        for name in TEARDOWNS:
+            teardown = find(found.module, Site(found.site.path, found.site.classes, name))
+            if teardown is not None:
+                out.append(teardown)
+                break
+    else:
+        teardown = find(found.module, Site(found.site.path, (), "teardown_function"))
+        if teardown is not None:
+            out.append(teardown)
     return out
 
 

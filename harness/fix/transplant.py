@@ -2,8 +2,9 @@
 
 A cleaner (a test that, run between the polluter and the victim, makes it pass) or a
 state-setter (a test that, run before a brittle test, makes it pass) holds statements that
-undo or set up the state the victim depends on. Its body (and its setup_method/setUp or
-setup_function, when the victim does not run the same one) is cut into statements; delta
+undo or set up the state the victim depends on. Its body (after its setup_method/setUp or
+setup_function, when the victim does not run the same one, and before its teardown) is cut
+into statements; delta
 debugging keeps the fewest that, put at the start of the victim, still make it pass; the
 imports they need come along. Statements that cannot be moved are left out and said why.
 """
@@ -26,7 +27,7 @@ from .edit import (
     prepend,
     replace,
 )
-from .locate import Found, setups
+from .locate import Found, setups, teardowns
 
 ENDS_EARLY = ("skip", "skipTest", "xfail", "exit")
 """Calls that would end the victim before its own body runs (and so "pass" it)."""
@@ -59,6 +60,7 @@ def donation(donor_id: str, donor: Found, victim: Found) -> Donation:
     if not (same_class and donor.owner is not None) and not (same_module and donor.owner is None):
         sources += setups(donor)
     sources.append(donor)
+    sources += teardowns(donor)  # a cleanup after the donor's body cleans before the victim's
     bindings = module_bindings(donor.module)
     victim_bindings = module_bindings(victim.module)
     for source in sources:

@@ -55,7 +55,7 @@ class Scratch:
         self._base = Path(tempfile.mkdtemp(prefix="capsafe-fix-"))
         self.root = self._base / rootdir.name
         shutil.copytree(rootdir, self.root, symlinks=True, ignore=_ignored)
-        self._original: dict[str, str] = {}
+        self._original: dict[str, bytes] = {}
 
     def __enter__(self) -> Scratch:
         return self
@@ -69,17 +69,17 @@ class Scratch:
         """`path` (relative to the rootdir) holds `source` until `restore`."""
         target = self.root / path
         if path not in self._original:
-            self._original[path] = target.read_text(encoding="utf-8")
+            self._original[path] = target.read_bytes()
         if target.is_symlink():  # a link may lead out of the tree: write a file of our own
             target.unlink()
-        target.write_text(source, encoding="utf-8")
+        target.write_bytes(source.encode("utf-8"))  # line endings as the candidate has them
         _forget_bytecode(target)
 
     def restore(self) -> None:
         """Every written file back to what the rootdir had."""
-        for path, source in self._original.items():
+        for path, data in self._original.items():
             target = self.root / path
-            target.write_text(source, encoding="utf-8")
+            target.write_bytes(data)
             _forget_bytecode(target)
         self._original.clear()
 
@@ -115,6 +115,8 @@ class Checker:
         kind: Literal["order-dependent", "brittle"],
         causes: Sequence[str],
         times: int,
+        collected: Sequence[str] = (),
+        named: Sequence[str] = (),
     ) -> None:
         self.scratch = scratch
         self._replay = replay
@@ -125,6 +127,9 @@ class Checker:
         self.times = max(1, times)
         self.replays = 0
         self._baselines: dict[str, Mapping[str, bool | None]] = {}
+        self._collected = tuple(collected)
+        self._named = tuple(dict.fromkeys([*named, *causes, victim]))
+        self.module_ids: dict[str, tuple[str, list[str]]] = {}  # path -> (from where, ids)
 
     def run(self, sequence: Sequence[str]) -> Mapping[str, bool | None]:
         if not self._budget_left():
@@ -144,15 +149,28 @@ class Checker:
         return self.run(self.reproduce_sequence()).get(self.victim) is False
 
     def baseline(self, path: str) -> Mapping[str, bool | None]:
-        """The module's tests run in the unpatched scratch tree (once per module)."""
-        if path not in self._baselines:
-            self._baselines[path] = self.run(self._module(path))
-        return self._baselines[path]
+        """The module's tests run in the unpatched scratch tree (once per module).
 
-    def _module(self, path: str) -> list[str]:
-        module = cst.parse_module((self.scratch.root / path).read_text(encoding="utf-8"))
-        keep = self.victim if self.victim.split("::", 1)[0] == path else ""
-        return module_tests(module, path, keep=keep)
+        Which tests: those the sweep collected in it; else those its source names, and when
+        none of those ran (an id collection does not know, from a parametrized fixture, makes
+        the whole replay refuse), only the tests of the case in it. The evidence says which.
+        """
+        if path in self._baselines:
+            return self._baselines[path]
+        ids = [n for n in self._collected if n.split("::", 1)[0] == path]
+        origin = "collected"
+        if not ids:
+            module = cst.parse_module((self.scratch.root / path).read_text(encoding="utf-8"))
+            keep = self.victim if self.victim.split("::", 1)[0] == path else ""
+            ids, origin = module_tests(module, path, keep=keep), "source"
+        result = self.run(ids)
+        if origin == "source" and all(v is None for v in result.values()):
+            ids = [n for n in self._named if n.split("::", 1)[0] == path]
+            origin = "the case's own tests (the source's ids did not all collect)"
+            result = self.run(ids) if ids else {}
+        self.module_ids[path] = (origin, ids)
+        self._baselines[path] = result
+        return result
 
     def verify(self, path: str, source: str) -> dict[str, object] | None:
         """Evidence that `source` in place of `path` fixes the victim, or None if it does not.
@@ -182,11 +200,13 @@ class Checker:
             evidence["alone_passes"] = 1
         for module in modules:
             before = self.baseline(module)
-            after = self.run(self._module(module))
+            origin, ids = self.module_ids[module]
+            after = self.run(ids) if ids else {}
             broken = sorted(t for t, failed in after.items() if failed and before.get(t) is False)
             if broken or (module == modules[0] and after.get(self.victim) is not False):
                 return None
             evidence[f"module {module}"] = {
+                "tests": origin,
                 "ran": sum(1 for v in after.values() if v is not None),
                 "failed": sorted(t for t, failed in after.items() if failed),
                 "failed_before": sorted(t for t, failed in before.items() if failed),
