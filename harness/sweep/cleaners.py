@@ -12,8 +12,8 @@ lets V pass holds a cleaner, unless what cleans is several tests together: bisec
 group down to a single cleaner or gives the group up. A found cleaner is verified K times,
 then taken out of its group and the rest asked again, up to `cap` cleaners. A group whose
 member re-pollutes after a cleaner hides that cleaner, so the tests known to pollute are
-asked one at a time instead (freezegun's test_should_not_skip_cpython pollutes some tests
-and cleans others); an unknown re-polluter still hides one: the search lists what it
+asked one at a time instead (a test that sets a mode pollutes the tests expecting the other
+and may clean this victim); an unknown re-polluter still hides one: the search lists what it
 verified, never claims there is no other. Every replay goes through the sweep's `Host`.
 """
 

@@ -121,7 +121,7 @@ class FixingHost(StateHost):
 
 
 def test_a_known_polluter_is_asked_alone_and_may_be_a_cleaner() -> None:
-    """freezegun's test_should_not_skip_cpython pollutes some tests and cleans others."""
+    """A test that sets a mode pollutes the tests expecting the other, and may clean V."""
     both = "tests/test_c.py::test_pollutes_others_cleans_v"
     host = StateHost(cleaners=[both])
     found = find_cleaners(host, V, [P], [*PADS, both, REPOLLUTE], times=1,
