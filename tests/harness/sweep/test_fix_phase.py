@@ -9,12 +9,13 @@ import difflib
 import hashlib
 import json
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tqdm import tqdm  # type: ignore[import-untyped]
 
 from capsafe.cli import main
 from capsafe_harness.fix.case import FixCase, VerifiedPatch
@@ -28,6 +29,17 @@ QUIET = ("-p", "no:run-parallel", "-p", "no:hypothesispytest")
 POLLUTER = "test_register.py"
 FIXED = 'registry.register("fast-path")\n    registry.PLUGINS.remove("fast-path")'
 ReplayIn = Callable[[Path, Sequence[str]], Mapping[str, bool | None]]
+
+
+@pytest.fixture(autouse=True)
+def no_monitor_thread_left() -> Iterator[None]:
+    """The sweep's progress bar starts tqdm's monitor thread even disabled; stopped after each
+    test here, as test_fork_server's thread check (a polluter victim of any in-process sweep,
+    under xdist) expects none."""
+    yield
+    if tqdm.monitor is not None:
+        tqdm.monitor.exit()
+        tqdm.monitor = None
 
 
 class Engine:
