@@ -11,6 +11,7 @@ polluter is fixed at once (docs/fixes.md has the table):
     module.REGISTRY.append(x), module.register(x) that mutates
     a module-level container                                    -> monkeypatch.setattr of a copy
     any other change to os.environ (clear, setdefault, a helper) -> @mock.patch.dict(os.environ)
+    a class defined in the test on an outside base (a subclass registry) -> gc.collect at its end
 
 A unittest.TestCase polluter takes no fixtures: it gets `unittest.mock.patch.object(...).start()`
 with `self.addCleanup(unittest.mock.patch.stopall)`, `self.addCleanup(setattr, ...)` or
@@ -99,6 +100,12 @@ def rewrites(
         what = "; ".join(dict.fromkeys(deep.what))
         how = f"the polluter {cause} {what}, from a deep copy (for every victim)"
         out.append(_apply(polluter, deep, how))
+    collect = _Planner(polluter, root).collect_plan()
+    if collect is not None:
+        how = (
+            f"the polluter {cause} collects the classes it defines when it ends (for every victim)"
+        )
+        out.append(_apply(polluter, collect, how))
     if env_leaks or plan.env_other:
         doc, body = body_of(polluter.function)
         fallback = _Plan(
@@ -239,6 +246,28 @@ class _Planner:
         if not self.unittest_style and uses_monkeypatch and MONKEYPATCH not in self.polluter.params:
             self.p.params.append(MONKEYPATCH)
         return self.p
+
+    def collect_plan(self) -> _Plan | None:
+        """A plan of its own (tried after the others: most local classes leak nothing): a
+        class the test defines on a base from outside it stays in the base's
+        `__subclasses__()` (what subclass registries walk) until the cyclic garbage collector
+        frees it, so collect when the test ends (colltools' NameRegistry)."""
+        self._collects_its_classes()
+        return self.p if self.p.what else None
+
+    def _collects_its_classes(self) -> None:
+        found = _LocalClasses()
+        for stmt in self.p.body:
+            stmt.visit(found)
+        outside = set(self.bindings) | self.globals
+        if not any(base.split(".", 1)[0] in outside for base in found.bases):
+            return
+        self.p.imports.append(Import("gc"))
+        add = "self.addCleanup" if self.unittest_style else "request.addfinalizer"
+        self.p.prelude.append(f"{add}(gc.collect)")
+        self.p.what.append("collects the classes it defines when it ends")
+        if not self.unittest_style and "request" not in self.polluter.params:
+            self.p.params.append("request")
 
     def _removes_what_it_creates(self) -> None:
         """A file or directory the test creates at a path built from a fixture (a shared
@@ -619,6 +648,19 @@ def _note_files(stmt: cst.CSTNode, notes: list[str], test: str) -> None:
                         )
 
     stmt.visit(_Files())
+
+
+class _LocalClasses(cst.CSTVisitor):
+    """The bases (dotted) of the classes a test body defines."""
+
+    def __init__(self) -> None:
+        self.bases: list[str] = []
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.bases += [dotted(b.value) for b in node.bases if dotted(b.value)]
 
 
 class _Creations(cst.CSTVisitor):

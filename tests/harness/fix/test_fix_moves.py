@@ -440,3 +440,24 @@ def test_a_brittle_test_that_deletes_what_it_never_set_tolerates_its_absence(
     assert '    monkeypatch.delitem(state.TABLE, "k", raising=False)\n' in rewrite.source
     reads = found("import state\n\ndef test_b():\n    assert state.TABLE['k']\n", "t.py::test_b")
     assert rewrite_brittle("t.py::test_b", reads, tmp_path) == []
+
+
+def test_classes_a_test_defines_on_an_outside_base_are_collected_after_it(tmp_path: Path) -> None:
+    sources = polluter(
+        tmp_path,
+        """
+        from colltools import NameRegistry
+
+        def test_p():
+            class Registry(NameRegistry):
+                __values__ = ["x"]
+
+            class Error(Exception):
+                pass
+        """,
+    )
+    assert len(sources) == 1
+    assert "def test_p(request):" in sources[0]
+    assert "    request.addfinalizer(gc.collect)\n" in sources[0] and "import gc\n" in sources[0]
+    builtin_only = "def test_p():\n    class Error(Exception):\n        pass\n"
+    assert polluter(tmp_path, builtin_only) == []
