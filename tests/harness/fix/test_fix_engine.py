@@ -1,6 +1,8 @@
 """The fix engine end to end on tiny planted suites, with a real replay (a fresh pytest process
 per sequence, fix_replay.py): each patch it returns is applied to the suite with `git apply`
-and replayed again here, independently of the engine's own verification."""
+and replayed again here, independently of the engine's own verification. Each costs about ten
+pytest processes: one of each strategy (idiom, state-setter, cleaner, none) is in the fast
+tier, the other idioms and checks in the slow one."""
 
 from __future__ import annotations
 
@@ -83,6 +85,7 @@ def test_a_registry_polluter_restores_its_registry(tmp_path: Path) -> None:
     assert passes(root, *case.causes)  # the polluter still passes itself
 
 
+@pytest.mark.slow
 def test_an_environment_leak_becomes_monkeypatch_setenv(tmp_path: Path) -> None:
     files = {
         "test_env.py": (
@@ -107,6 +110,7 @@ def test_an_environment_leak_becomes_monkeypatch_setenv(tmp_path: Path) -> None:
     assert passes(root, *case.causes, case.victim)
 
 
+@pytest.mark.slow
 def test_a_module_attribute_in_a_testcase_is_patched_and_stopped_at_cleanup(tmp_path: Path) -> None:
     files = {
         "settings.py": "PRECISION = 'fp32'\n",
@@ -194,6 +198,7 @@ def test_a_cleaner_patch_after_a_rewrite_that_does_not_fix_is_rejected(tmp_path:
     assert passes(root, *case.causes, case.victim)
 
 
+@pytest.mark.slow
 def test_a_cleaner_that_breaks_the_victims_module_is_passed_over(tmp_path: Path) -> None:
     files = {
         "state.py": STATE,
@@ -246,6 +251,7 @@ def test_no_patch_when_nothing_verifies_and_none_without_budget(tmp_path: Path) 
     assert calls.calls == []
 
 
+@pytest.mark.slow
 def test_the_module_check_replays_the_collected_ids_or_says_it_could_not(tmp_path: Path) -> None:
     files = {
         **REGISTRY,
@@ -288,6 +294,7 @@ def test_the_module_check_replays_the_collected_ids_or_says_it_could_not(tmp_pat
     assert isinstance(module, dict) and module["tests"] == "collected" and module["ran"] == 4
 
 
+@pytest.mark.slow
 def test_a_file_left_in_a_session_directory_is_removed_by_its_writer(tmp_path: Path) -> None:
     files = {
         "conftest.py": (
@@ -311,6 +318,7 @@ def test_a_file_left_in_a_session_directory_is_removed_by_its_writer(tmp_path: P
     assert passes(root, *case.causes, case.victim)
 
 
+@pytest.mark.slow
 def test_a_testcase_victim_takes_a_testcase_cleaners_setup_and_self(tmp_path: Path) -> None:
     files = {
         "state.py": STATE,
@@ -345,6 +353,7 @@ def test_a_testcase_victim_takes_a_testcase_cleaners_setup_and_self(tmp_path: Pa
     assert passes(root, *case.causes, case.victim)
 
 
+@pytest.mark.slow
 def test_a_brittle_test_deleting_what_its_setter_set_gets_delenv_raising_false(
     tmp_path: Path,
 ) -> None:
