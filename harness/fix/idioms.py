@@ -12,6 +12,7 @@ polluter is fixed at once (docs/fixes.md has the table):
     a module-level container                                    -> monkeypatch.setattr of a copy
     any other change to os.environ (clear, setdefault, a helper) -> @mock.patch.dict(os.environ)
     a class defined in the test on an outside base (a subclass registry) -> gc.collect at its end
+    x.start(), statements, x.stop()                             -> x.stop() in a finally
 
 A unittest.TestCase polluter takes no fixtures: it gets `unittest.mock.patch.object(...).start()`
 with `self.addCleanup(unittest.mock.patch.stopall)`, `self.addCleanup(setattr, ...)` or
@@ -79,6 +80,7 @@ class _Plan:
     imports: list[Import] = field(default_factory=list)
     what: list[str] = field(default_factory=list)
     swaps: dict[tuple[str, str], bool] = field(default_factory=dict)  # (owner, attr) -> copied?
+    guards: list[tuple[int, int]] = field(default_factory=list)  # ids of X.start(), X.stop()
     env_other: bool = False
 
 
@@ -137,8 +139,9 @@ def rewrite_brittle(test: str, brittle: Found, root: Path) -> list[Rewrite]:
 
 def _apply(polluter: Found, plan: _Plan, how: str) -> Rewrite:
     function = polluter.function
-    if plan.replaced:
-        function = with_body(function, [*plan.doc, *_substitute(plan.body, plan.replaced)])
+    if plan.replaced or plan.guards:
+        body = _guarded(_substitute(plan.body, plan.replaced), plan.guards)
+        function = with_body(function, [*plan.doc, *body])
     if plan.prelude:
         function = prepend(
             function,
@@ -150,6 +153,29 @@ def _apply(polluter: Found, plan: _Plan, how: str) -> Rewrite:
     function = add_params(function, plan.params)
     module = add_imports(replace(polluter.module, polluter.function, function), plan.imports)
     return Rewrite(polluter.site.path, module.code, how)
+
+
+def _guarded(
+    body: list[cst.BaseStatement], guards: Sequence[tuple[int, int]]
+) -> list[cst.BaseStatement]:
+    """`X.start()`, statements, `X.stop()` (found by identity) become `X.start()`, then
+    `try:` the statements `finally: X.stop()`: a failing assert no longer leaves X started."""
+    for start, stop in guards:
+        at = next((i for i, s in enumerate(body) if id(s) == start), None)
+        end = next((i for i, s in enumerate(body) if id(s) == stop), None)
+        if at is None or end is None or end <= at + 1:
+            continue
+        inner = body[at + 1 : end]
+        closing = body[end]
+        assert isinstance(closing, cst.SimpleStatementLine)
+        guard = cst.Try(
+            body=cst.IndentedBlock(body=inner),
+            finalbody=cst.Finally(
+                body=cst.IndentedBlock(body=[closing.with_changes(leading_lines=[])])
+            ),
+        )
+        body = [*body[: at + 1], guard, *body[end + 1 :]]
+    return body
 
 
 def _substitute(
@@ -240,12 +266,28 @@ class _Planner:
             new = self._statement(stmt.body[0])
             if new is not None:
                 self.p.replaced[id(stmt.body[0])] = new
+        self._guard_started()
         self.p.prelude[:0] = self._swap_lines()
         uses_monkeypatch = self.p.replaced or any(MONKEYPATCH in line for line in self.p.prelude)
         self._removes_what_it_creates()
         if not self.unittest_style and uses_monkeypatch and MONKEYPATCH not in self.polluter.params:
             self.p.params.append(MONKEYPATCH)
         return self.p
+
+    def _guard_started(self) -> None:
+        """`X.start()` ... `X.stop()` in the test's body (a freezer, a patcher): the stop
+        goes into a `finally`, so the test that fails between them does not leave X on
+        (freezegun's test_min_and_max, failing after another test's reload, left time frozen
+        for every test after it)."""
+        calls = [(i, _method_call(s)) for i, s in enumerate(self.p.body)]
+        for i, (target, method) in calls:
+            if method != "start" or not target:
+                continue
+            stop = next((j for j, (t, m) in calls[i + 1 :] if t == target and m == "stop"), None)
+            if stop is None or stop == i + 1:
+                continue
+            self.p.guards.append((id(self.p.body[i]), id(self.p.body[stop])))
+            self.p.what.append(f"stops {target} in a finally")
 
     def collect_plan(self) -> _Plan | None:
         """A plan of its own (tried after the others: most local classes leak nothing): a
@@ -469,6 +511,17 @@ class _Planner:
             else:
                 lines.append(f"{MONKEYPATCH}.setattr({owner}, {self._q(attr)}, {value})")
         return lines
+
+
+def _method_call(stmt: cst.BaseStatement) -> tuple[str, str]:
+    """(`x`, `m`) for a statement that is only the call `x.m()`, else ('', '')."""
+    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
+        small = stmt.body[0]
+        if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+            func = small.value.func
+            if isinstance(func, cst.Attribute) and not small.value.args:
+                return dotted(func.value), func.attr.value
+    return "", ""
 
 
 def _is_class_of(expr: cst.BaseExpression) -> bool:

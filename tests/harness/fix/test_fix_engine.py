@@ -374,3 +374,28 @@ def test_a_brittle_test_deleting_what_its_setter_set_gets_delenv_raising_false(
     assert not passes(root, case.victim)
     applied(root, patch)
     assert passes(root, case.victim)
+
+
+@pytest.mark.slow
+def test_a_polluter_failing_before_its_stop_gets_the_stop_in_a_finally(tmp_path: Path) -> None:
+    files = {
+        "clock.py": (
+            "FROZEN = []\n\n\nclass Freezer:\n    def start(self):\n        FROZEN.append(1)\n\n"
+            "    def stop(self):\n        FROZEN.pop()\n"
+        ),
+        "test_freeze.py": (
+            "import clock\n\n\ndef test_frozen_and_broken():\n    freezer = clock.Freezer()\n"
+            "    freezer.start()\n    assert not clock.FROZEN  # fails: the stop never runs\n"
+            "    freezer.stop()\n"
+        ),
+        "test_now.py": "import clock\n\n\ndef test_not_frozen():\n    assert clock.FROZEN == []\n",
+    }
+    case = FixCase(
+        "test_now.py::test_not_frozen",
+        "order-dependent",
+        ("test_freeze.py::test_frozen_and_broken",),
+    )
+    patch, _, root = fix(tmp_path, files, case)
+    assert patch is not None and patch.source == "idiom" and "finally:" in patch.diff
+    applied(root, patch)
+    assert passes(root, *case.causes, case.victim)

@@ -461,3 +461,30 @@ def test_classes_a_test_defines_on_an_outside_base_are_collected_after_it(tmp_pa
     assert "    request.addfinalizer(gc.collect)\n" in sources[0] and "import gc\n" in sources[0]
     builtin_only = "def test_p():\n    class Error(Exception):\n        pass\n"
     assert polluter(tmp_path, builtin_only) == []
+
+
+def test_a_stop_after_asserts_goes_into_a_finally(tmp_path: Path) -> None:
+    [source] = polluter(
+        tmp_path,
+        """
+        import clock
+
+        def test_p():
+            freezer = clock.Freezer()
+            freezer.start()
+            assert clock.frozen()
+
+            freezer.stop()
+            assert not clock.frozen()
+        """,
+    )
+    body = source.split("def test_p():\n", 1)[1]
+    assert body.splitlines() == [
+        "    freezer = clock.Freezer()",
+        "    freezer.start()",
+        "    try:",
+        "        assert clock.frozen()",
+        "    finally:",
+        "        freezer.stop()",
+        "    assert not clock.frozen()",
+    ]
