@@ -13,6 +13,7 @@ polluter is fixed at once (docs/fixes.md has the table):
     any other change to os.environ (clear, setdefault, a helper) -> @mock.patch.dict(os.environ)
     a class defined in the test on an outside base (a subclass registry) -> gc.collect at its end
     x.start(), statements, x.stop()                             -> x.stop() in a finally
+    importlib.reload(module)                                    -> its old globals put back after
 
 A unittest.TestCase polluter takes no fixtures: it gets `unittest.mock.patch.object(...).start()`
 with `self.addCleanup(unittest.mock.patch.stopall)`, `self.addCleanup(setattr, ...)` or
@@ -479,6 +480,11 @@ class _Planner:
                 p.what.append(f"deletes {args[0]} with monkeypatch.delenv")
                 return [_expr(f"{mp}.delenv({args[0]}, raising=False)")]
             return None
+        if self._reloads(name) and len(call.args) == 1 and plain:
+            module = self.shared(call.args[0].value)
+            if module:
+                self._restore_globals(module)
+            return None
         # A registry: module state changed in place, by the test itself or a function it calls.
         if isinstance(call.func, cst.Attribute) and call.func.attr.value in MUTATORS:
             holder = self.shared(call.func.value)
@@ -489,6 +495,27 @@ class _Planner:
         for owner, attr, rebinds in _mutated_by(name, self.polluter, self.root, self.bindings, p):
             self._copy_before(owner, attr, rebinds=rebinds)
         return None
+
+    def _reloads(self, name: str) -> bool:
+        """Is `name` importlib.reload (or imp's), however the module imported it?"""
+        if name in ("importlib.reload", "imp.reload"):
+            return True
+        bound = self.bindings.get(name)
+        return name == "reload" and (bound is None or bound.module in ("importlib", "imp"))
+
+    def _restore_globals(self, module: str) -> None:
+        """A reloaded module's globals are new objects (new classes, new functions) that the
+        modules which imported the old ones do not see: the old ones are put back when the
+        test ends (freezegun's reload(api))."""
+        add = "self.addCleanup" if self.unittest_style else "request.addfinalizer"
+        line = f"{add}(functools.partial({module}.__dict__.update, dict({module}.__dict__)))"
+        if line in self.p.prelude:
+            return
+        self.p.prelude.append(line)
+        self.p.imports.append(Import("functools"))
+        self.p.what.append(f"puts back the globals of {module} it reloads when it ends")
+        if not self.unittest_style and "request" not in self.polluter.params:
+            self.p.params.append("request")
 
     def _copy_before(self, owner: str, attr: str, *, rebinds: bool) -> None:
         """Plan to swap `owner.attr`, before the test's body, for a copy (or itself, when it

@@ -399,3 +399,24 @@ def test_a_polluter_failing_before_its_stop_gets_the_stop_in_a_finally(tmp_path:
     assert patch is not None and patch.source == "idiom" and "finally:" in patch.diff
     applied(root, patch)
     assert passes(root, *case.causes, case.victim)
+
+
+@pytest.mark.slow
+def test_a_reload_in_a_polluter_is_undone_after_it(tmp_path: Path) -> None:
+    files = {
+        "api.py": "class Fake:\n    pass\n",
+        "test_reload.py": (
+            "import importlib\n\nimport api\n\n\ndef test_reloads():\n    importlib.reload(api)\n"
+        ),
+        "test_identity.py": (
+            "import api\nfrom api import Fake\n\n\ndef test_same_class():\n"
+            "    assert api.Fake is Fake\n"
+        ),
+    }
+    case = FixCase(
+        "test_identity.py::test_same_class", "order-dependent", ("test_reload.py::test_reloads",)
+    )
+    patch, _, root = fix(tmp_path, files, case)
+    assert patch is not None and patch.source == "idiom" and "api.__dict__.update" in patch.diff
+    applied(root, patch)
+    assert passes(root, *case.causes, case.victim)

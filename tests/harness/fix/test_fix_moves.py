@@ -488,3 +488,25 @@ def test_a_stop_after_asserts_goes_into_a_finally(tmp_path: Path) -> None:
         "        freezer.stop()",
         "    assert not clock.frozen()",
     ]
+
+
+def test_a_reloaded_modules_globals_are_put_back(tmp_path: Path) -> None:
+    [source] = polluter(
+        tmp_path,
+        """
+        import importlib
+        from freezegun import api
+
+        try:
+            reload
+        except NameError:
+            from importlib import reload
+
+        def test_p():
+            reload(api)
+            importlib.reload(api)
+        """,
+    )
+    line = "request.addfinalizer(functools.partial(api.__dict__.update, dict(api.__dict__)))"
+    assert source.count(line) == 1 and "def test_p(request):" in source
+    assert "import functools\n" in source
