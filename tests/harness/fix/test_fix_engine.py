@@ -420,3 +420,23 @@ def test_a_reload_in_a_polluter_is_undone_after_it(tmp_path: Path) -> None:
     assert patch is not None and patch.source == "idiom" and "api.__dict__.update" in patch.diff
     applied(root, patch)
     assert passes(root, *case.causes, case.victim)
+
+
+@pytest.mark.slow
+def test_a_mock_patched_polluter_takes_monkeypatch_after_its_mock(tmp_path: Path) -> None:
+    files = {
+        "settings.py": "LEVEL = 'debug'\n",
+        "test_quiet.py": (
+            "import os\nfrom unittest import mock\n\nimport settings\n\n\n"
+            "@mock.patch('os.getcwd')\ndef test_quiet(getcwd):\n    getcwd.return_value = '/x'\n"
+            "    settings.LEVEL = 'quiet'\n    assert os.getcwd() == '/x'\n"
+        ),
+        "test_level.py": (
+            "import settings\n\n\ndef test_debug():\n    assert settings.LEVEL == 'debug'\n"
+        ),
+    }
+    case = FixCase("test_level.py::test_debug", "order-dependent", ("test_quiet.py::test_quiet",))
+    patch, _, root = fix(tmp_path, files, case)
+    assert patch is not None and "+def test_quiet(getcwd, monkeypatch):" in patch.diff
+    applied(root, patch)
+    assert passes(root, *case.causes, case.victim)

@@ -510,3 +510,19 @@ def test_a_reloaded_modules_globals_are_put_back(tmp_path: Path) -> None:
     line = "request.addfinalizer(functools.partial(api.__dict__.update, dict(api.__dict__)))"
     assert source.count(line) == 1 and "def test_p(request):" in source
     assert "import functools\n" in source
+
+
+def test_under_mock_patch_a_fixture_goes_last_the_mock_fills_the_first_argument() -> None:
+    hit = found(
+        """
+        from unittest import mock
+
+        class TestX:
+            @mock.patch("os.getcwd")
+            def test_x(self, getcwd):
+                pass
+        """,
+        "t.py::TestX::test_x",
+    )
+    function = add_params(hit.function, ["monkeypatch"])
+    assert "def test_x(self, getcwd, monkeypatch):" in cst.Module([function]).code
