@@ -87,7 +87,8 @@ def find_patch(
 
     Order (docs/fixes.md): an idiomatic rewrite of a polluter (it fixes every victim of
     that polluter), then a cleaner's statements moved into the victim, best cleaner first;
-    for a brittle test, its state-setters' statements. Nothing is written under `rootdir`:
+    for a brittle test, its own deletions made tolerant, then its state-setters' statements
+    moved into it. Nothing is written under `rootdir`:
     every candidate is tried in a scratch copy, and only one that passes every check of
     harness.fix.verify is returned.
     """

@@ -66,7 +66,9 @@ def prepend(
 
 
 def add_params(function: cst.FunctionDef, names: Iterable[str]) -> cst.FunctionDef:
-    """`function` also taking these arguments (fixtures), before any with a default."""
+    """`function` also taking these arguments (fixtures), last but before any with a
+    default: a `mock.patch` decorator's mocks fill the first ones (pytest passes fixtures by
+    name, and leaves the first as many names as there are mocks to them)."""
     params = list(function.params.params)
     have = {p.name.value for p in params} | {p.name.value for p in function.params.kwonly_params}
     at = next((i for i, p in enumerate(params) if p.default is not None), len(params))

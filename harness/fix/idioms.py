@@ -11,6 +11,9 @@ polluter is fixed at once (docs/fixes.md has the table):
     module.REGISTRY.append(x), module.register(x) that mutates
     a module-level container                                    -> monkeypatch.setattr of a copy
     any other change to os.environ (clear, setdefault, a helper) -> @mock.patch.dict(os.environ)
+    a class defined in the test on an outside base (a subclass registry) -> gc.collect at its end
+    x.start(), statements, x.stop()                             -> x.stop() in a finally
+    importlib.reload(module)                                    -> its old globals put back after
 
 A unittest.TestCase polluter takes no fixtures: it gets `unittest.mock.patch.object(...).start()`
 with `self.addCleanup(unittest.mock.patch.stopall)`, `self.addCleanup(setattr, ...)` or
@@ -78,6 +81,7 @@ class _Plan:
     imports: list[Import] = field(default_factory=list)
     what: list[str] = field(default_factory=list)
     swaps: dict[tuple[str, str], bool] = field(default_factory=dict)  # (owner, attr) -> copied?
+    guards: list[tuple[int, int]] = field(default_factory=list)  # ids of X.start(), X.stop()
     env_other: bool = False
 
 
@@ -99,6 +103,12 @@ def rewrites(
         what = "; ".join(dict.fromkeys(deep.what))
         how = f"the polluter {cause} {what}, from a deep copy (for every victim)"
         out.append(_apply(polluter, deep, how))
+    collect = _Planner(polluter, root).collect_plan()
+    if collect is not None:
+        how = (
+            f"the polluter {cause} collects the classes it defines when it ends (for every victim)"
+        )
+        out.append(_apply(polluter, collect, how))
     if env_leaks or plan.env_other:
         doc, body = body_of(polluter.function)
         fallback = _Plan(
@@ -130,8 +140,9 @@ def rewrite_brittle(test: str, brittle: Found, root: Path) -> list[Rewrite]:
 
 def _apply(polluter: Found, plan: _Plan, how: str) -> Rewrite:
     function = polluter.function
-    if plan.replaced:
-        function = with_body(function, [*plan.doc, *_substitute(plan.body, plan.replaced)])
+    if plan.replaced or plan.guards:
+        body = _guarded(_substitute(plan.body, plan.replaced), plan.guards)
+        function = with_body(function, [*plan.doc, *body])
     if plan.prelude:
         function = prepend(
             function,
@@ -143,6 +154,29 @@ def _apply(polluter: Found, plan: _Plan, how: str) -> Rewrite:
     function = add_params(function, plan.params)
     module = add_imports(replace(polluter.module, polluter.function, function), plan.imports)
     return Rewrite(polluter.site.path, module.code, how)
+
+
+def _guarded(
+    body: list[cst.BaseStatement], guards: Sequence[tuple[int, int]]
+) -> list[cst.BaseStatement]:
+    """`X.start()`, statements, `X.stop()` (found by identity) become `X.start()`, then
+    `try:` the statements `finally: X.stop()`: a failing assert no longer leaves X started."""
+    for start, stop in guards:
+        at = next((i for i, s in enumerate(body) if id(s) == start), None)
+        end = next((i for i, s in enumerate(body) if id(s) == stop), None)
+        if at is None or end is None or end <= at + 1:
+            continue
+        inner = body[at + 1 : end]
+        closing = body[end]
+        assert isinstance(closing, cst.SimpleStatementLine)
+        guard = cst.Try(
+            body=cst.IndentedBlock(body=inner),
+            finalbody=cst.Finally(
+                body=cst.IndentedBlock(body=[closing.with_changes(leading_lines=[])])
+            ),
+        )
+        body = [*body[: at + 1], guard, *body[end + 1 :]]
+    return body
 
 
 def _substitute(
@@ -233,12 +267,50 @@ class _Planner:
             new = self._statement(stmt.body[0])
             if new is not None:
                 self.p.replaced[id(stmt.body[0])] = new
+        self._guard_started()
         self.p.prelude[:0] = self._swap_lines()
         uses_monkeypatch = self.p.replaced or any(MONKEYPATCH in line for line in self.p.prelude)
         self._removes_what_it_creates()
         if not self.unittest_style and uses_monkeypatch and MONKEYPATCH not in self.polluter.params:
             self.p.params.append(MONKEYPATCH)
         return self.p
+
+    def _guard_started(self) -> None:
+        """`X.start()` ... `X.stop()` in the test's body (a freezer, a patcher): the stop
+        goes into a `finally`, so the test that fails between them does not leave X on
+        (freezegun's test_min_and_max, failing after another test's reload, left time frozen
+        for every test after it)."""
+        calls = [(i, _method_call(s)) for i, s in enumerate(self.p.body)]
+        for i, (target, method) in calls:
+            if method != "start" or not target:
+                continue
+            stop = next((j for j, (t, m) in calls[i + 1 :] if t == target and m == "stop"), None)
+            if stop is None or stop == i + 1:
+                continue
+            self.p.guards.append((id(self.p.body[i]), id(self.p.body[stop])))
+            self.p.what.append(f"stops {target} in a finally")
+
+    def collect_plan(self) -> _Plan | None:
+        """A plan of its own (tried after the others: most local classes leak nothing): a
+        class the test defines on a base from outside it stays in the base's
+        `__subclasses__()` (what subclass registries walk) until the cyclic garbage collector
+        frees it, so collect when the test ends (colltools' NameRegistry)."""
+        self._collects_its_classes()
+        return self.p if self.p.what else None
+
+    def _collects_its_classes(self) -> None:
+        found = _LocalClasses()
+        for stmt in self.p.body:
+            stmt.visit(found)
+        outside = set(self.bindings) | self.globals
+        if not any(base.split(".", 1)[0] in outside for base in found.bases):
+            return
+        self.p.imports.append(Import("gc"))
+        add = "self.addCleanup" if self.unittest_style else "request.addfinalizer"
+        self.p.prelude.append(f"{add}(gc.collect)")
+        self.p.what.append("collects the classes it defines when it ends")
+        if not self.unittest_style and "request" not in self.polluter.params:
+            self.p.params.append("request")
 
     def _removes_what_it_creates(self) -> None:
         """A file or directory the test creates at a path built from a fixture (a shared
@@ -408,6 +480,11 @@ class _Planner:
                 p.what.append(f"deletes {args[0]} with monkeypatch.delenv")
                 return [_expr(f"{mp}.delenv({args[0]}, raising=False)")]
             return None
+        if self._reloads(name) and len(call.args) == 1 and plain:
+            module = self.shared(call.args[0].value)
+            if module:
+                self._restore_globals(module)
+            return None
         # A registry: module state changed in place, by the test itself or a function it calls.
         if isinstance(call.func, cst.Attribute) and call.func.attr.value in MUTATORS:
             holder = self.shared(call.func.value)
@@ -418,6 +495,27 @@ class _Planner:
         for owner, attr, rebinds in _mutated_by(name, self.polluter, self.root, self.bindings, p):
             self._copy_before(owner, attr, rebinds=rebinds)
         return None
+
+    def _reloads(self, name: str) -> bool:
+        """Is `name` importlib.reload (or imp's), however the module imported it?"""
+        if name in ("importlib.reload", "imp.reload"):
+            return True
+        bound = self.bindings.get(name)
+        return name == "reload" and (bound is None or bound.module in ("importlib", "imp"))
+
+    def _restore_globals(self, module: str) -> None:
+        """A reloaded module's globals are new objects (new classes, new functions) that the
+        modules which imported the old ones do not see: the old ones are put back when the
+        test ends (freezegun's reload(api))."""
+        add = "self.addCleanup" if self.unittest_style else "request.addfinalizer"
+        line = f"{add}(functools.partial({module}.__dict__.update, dict({module}.__dict__)))"
+        if line in self.p.prelude:
+            return
+        self.p.prelude.append(line)
+        self.p.imports.append(Import("functools"))
+        self.p.what.append(f"puts back the globals of {module} it reloads when it ends")
+        if not self.unittest_style and "request" not in self.polluter.params:
+            self.p.params.append("request")
 
     def _copy_before(self, owner: str, attr: str, *, rebinds: bool) -> None:
         """Plan to swap `owner.attr`, before the test's body, for a copy (or itself, when it
@@ -440,6 +538,17 @@ class _Planner:
             else:
                 lines.append(f"{MONKEYPATCH}.setattr({owner}, {self._q(attr)}, {value})")
         return lines
+
+
+def _method_call(stmt: cst.BaseStatement) -> tuple[str, str]:
+    """(`x`, `m`) for a statement that is only the call `x.m()`, else ('', '')."""
+    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
+        small = stmt.body[0]
+        if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+            func = small.value.func
+            if isinstance(func, cst.Attribute) and not small.value.args:
+                return dotted(func.value), func.attr.value
+    return "", ""
 
 
 def _is_class_of(expr: cst.BaseExpression) -> bool:
@@ -619,6 +728,19 @@ def _note_files(stmt: cst.CSTNode, notes: list[str], test: str) -> None:
                         )
 
     stmt.visit(_Files())
+
+
+class _LocalClasses(cst.CSTVisitor):
+    """The bases (dotted) of the classes a test body defines."""
+
+    def __init__(self) -> None:
+        self.bases: list[str] = []
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.bases += [dotted(b.value) for b in node.bases if dotted(b.value)]
 
 
 class _Creations(cst.CSTVisitor):

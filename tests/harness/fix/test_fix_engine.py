@@ -1,6 +1,8 @@
 """The fix engine end to end on tiny planted suites, with a real replay (a fresh pytest process
 per sequence, fix_replay.py): each patch it returns is applied to the suite with `git apply`
-and replayed again here, independently of the engine's own verification."""
+and replayed again here, independently of the engine's own verification. Each costs about ten
+pytest processes: one of each strategy (idiom, state-setter, cleaner, none) is in the fast
+tier, the other idioms and checks in the slow one."""
 
 from __future__ import annotations
 
@@ -83,6 +85,7 @@ def test_a_registry_polluter_restores_its_registry(tmp_path: Path) -> None:
     assert passes(root, *case.causes)  # the polluter still passes itself
 
 
+@pytest.mark.slow
 def test_an_environment_leak_becomes_monkeypatch_setenv(tmp_path: Path) -> None:
     files = {
         "test_env.py": (
@@ -107,6 +110,7 @@ def test_an_environment_leak_becomes_monkeypatch_setenv(tmp_path: Path) -> None:
     assert passes(root, *case.causes, case.victim)
 
 
+@pytest.mark.slow
 def test_a_module_attribute_in_a_testcase_is_patched_and_stopped_at_cleanup(tmp_path: Path) -> None:
     files = {
         "settings.py": "PRECISION = 'fp32'\n",
@@ -194,6 +198,7 @@ def test_a_cleaner_patch_after_a_rewrite_that_does_not_fix_is_rejected(tmp_path:
     assert passes(root, *case.causes, case.victim)
 
 
+@pytest.mark.slow
 def test_a_cleaner_that_breaks_the_victims_module_is_passed_over(tmp_path: Path) -> None:
     files = {
         "state.py": STATE,
@@ -246,6 +251,7 @@ def test_no_patch_when_nothing_verifies_and_none_without_budget(tmp_path: Path) 
     assert calls.calls == []
 
 
+@pytest.mark.slow
 def test_the_module_check_replays_the_collected_ids_or_says_it_could_not(tmp_path: Path) -> None:
     files = {
         **REGISTRY,
@@ -288,6 +294,7 @@ def test_the_module_check_replays_the_collected_ids_or_says_it_could_not(tmp_pat
     assert isinstance(module, dict) and module["tests"] == "collected" and module["ran"] == 4
 
 
+@pytest.mark.slow
 def test_a_file_left_in_a_session_directory_is_removed_by_its_writer(tmp_path: Path) -> None:
     files = {
         "conftest.py": (
@@ -311,6 +318,7 @@ def test_a_file_left_in_a_session_directory_is_removed_by_its_writer(tmp_path: P
     assert passes(root, *case.causes, case.victim)
 
 
+@pytest.mark.slow
 def test_a_testcase_victim_takes_a_testcase_cleaners_setup_and_self(tmp_path: Path) -> None:
     files = {
         "state.py": STATE,
@@ -345,6 +353,7 @@ def test_a_testcase_victim_takes_a_testcase_cleaners_setup_and_self(tmp_path: Pa
     assert passes(root, *case.causes, case.victim)
 
 
+@pytest.mark.slow
 def test_a_brittle_test_deleting_what_its_setter_set_gets_delenv_raising_false(
     tmp_path: Path,
 ) -> None:
@@ -365,3 +374,69 @@ def test_a_brittle_test_deleting_what_its_setter_set_gets_delenv_raising_false(
     assert not passes(root, case.victim)
     applied(root, patch)
     assert passes(root, case.victim)
+
+
+@pytest.mark.slow
+def test_a_polluter_failing_before_its_stop_gets_the_stop_in_a_finally(tmp_path: Path) -> None:
+    files = {
+        "clock.py": (
+            "FROZEN = []\n\n\nclass Freezer:\n    def start(self):\n        FROZEN.append(1)\n\n"
+            "    def stop(self):\n        FROZEN.pop()\n"
+        ),
+        "test_freeze.py": (
+            "import clock\n\n\ndef test_frozen_and_broken():\n    freezer = clock.Freezer()\n"
+            "    freezer.start()\n    assert not clock.FROZEN  # fails: the stop never runs\n"
+            "    freezer.stop()\n"
+        ),
+        "test_now.py": "import clock\n\n\ndef test_not_frozen():\n    assert clock.FROZEN == []\n",
+    }
+    case = FixCase(
+        "test_now.py::test_not_frozen",
+        "order-dependent",
+        ("test_freeze.py::test_frozen_and_broken",),
+    )
+    patch, _, root = fix(tmp_path, files, case)
+    assert patch is not None and patch.source == "idiom" and "finally:" in patch.diff
+    applied(root, patch)
+    assert passes(root, *case.causes, case.victim)
+
+
+@pytest.mark.slow
+def test_a_reload_in_a_polluter_is_undone_after_it(tmp_path: Path) -> None:
+    files = {
+        "api.py": "class Fake:\n    pass\n",
+        "test_reload.py": (
+            "import importlib\n\nimport api\n\n\ndef test_reloads():\n    importlib.reload(api)\n"
+        ),
+        "test_identity.py": (
+            "import api\nfrom api import Fake\n\n\ndef test_same_class():\n"
+            "    assert api.Fake is Fake\n"
+        ),
+    }
+    case = FixCase(
+        "test_identity.py::test_same_class", "order-dependent", ("test_reload.py::test_reloads",)
+    )
+    patch, _, root = fix(tmp_path, files, case)
+    assert patch is not None and patch.source == "idiom" and "api.__dict__.update" in patch.diff
+    applied(root, patch)
+    assert passes(root, *case.causes, case.victim)
+
+
+@pytest.mark.slow
+def test_a_mock_patched_polluter_takes_monkeypatch_after_its_mock(tmp_path: Path) -> None:
+    files = {
+        "settings.py": "LEVEL = 'debug'\n",
+        "test_quiet.py": (
+            "import os\nfrom unittest import mock\n\nimport settings\n\n\n"
+            "@mock.patch('os.getcwd')\ndef test_quiet(getcwd):\n    getcwd.return_value = '/x'\n"
+            "    settings.LEVEL = 'quiet'\n    assert os.getcwd() == '/x'\n"
+        ),
+        "test_level.py": (
+            "import settings\n\n\ndef test_debug():\n    assert settings.LEVEL == 'debug'\n"
+        ),
+    }
+    case = FixCase("test_level.py::test_debug", "order-dependent", ("test_quiet.py::test_quiet",))
+    patch, _, root = fix(tmp_path, files, case)
+    assert patch is not None and "+def test_quiet(getcwd, monkeypatch):" in patch.diff
+    applied(root, patch)
+    assert passes(root, *case.causes, case.victim)

@@ -440,3 +440,89 @@ def test_a_brittle_test_that_deletes_what_it_never_set_tolerates_its_absence(
     assert '    monkeypatch.delitem(state.TABLE, "k", raising=False)\n' in rewrite.source
     reads = found("import state\n\ndef test_b():\n    assert state.TABLE['k']\n", "t.py::test_b")
     assert rewrite_brittle("t.py::test_b", reads, tmp_path) == []
+
+
+def test_classes_a_test_defines_on_an_outside_base_are_collected_after_it(tmp_path: Path) -> None:
+    sources = polluter(
+        tmp_path,
+        """
+        from colltools import NameRegistry
+
+        def test_p():
+            class Registry(NameRegistry):
+                __values__ = ["x"]
+
+            class Error(Exception):
+                pass
+        """,
+    )
+    assert len(sources) == 1
+    assert "def test_p(request):" in sources[0]
+    assert "    request.addfinalizer(gc.collect)\n" in sources[0] and "import gc\n" in sources[0]
+    builtin_only = "def test_p():\n    class Error(Exception):\n        pass\n"
+    assert polluter(tmp_path, builtin_only) == []
+
+
+def test_a_stop_after_asserts_goes_into_a_finally(tmp_path: Path) -> None:
+    [source] = polluter(
+        tmp_path,
+        """
+        import clock
+
+        def test_p():
+            freezer = clock.Freezer()
+            freezer.start()
+            assert clock.frozen()
+
+            freezer.stop()
+            assert not clock.frozen()
+        """,
+    )
+    body = source.split("def test_p():\n", 1)[1]
+    assert body.splitlines() == [
+        "    freezer = clock.Freezer()",
+        "    freezer.start()",
+        "    try:",
+        "        assert clock.frozen()",
+        "    finally:",
+        "        freezer.stop()",
+        "    assert not clock.frozen()",
+    ]
+
+
+def test_a_reloaded_modules_globals_are_put_back(tmp_path: Path) -> None:
+    [source] = polluter(
+        tmp_path,
+        """
+        import importlib
+        from freezegun import api
+
+        try:
+            reload
+        except NameError:
+            from importlib import reload
+
+        def test_p():
+            reload(api)
+            importlib.reload(api)
+        """,
+    )
+    line = "request.addfinalizer(functools.partial(api.__dict__.update, dict(api.__dict__)))"
+    assert source.count(line) == 1 and "def test_p(request):" in source
+    assert "import functools\n" in source
+
+
+def test_under_mock_patch_a_fixture_goes_last_the_mock_fills_the_first_argument() -> None:
+    hit = found(
+        """
+        from unittest import mock
+
+        class TestX:
+            @mock.patch("os.getcwd")
+            def test_x(self, getcwd):
+                pass
+        """,
+        "t.py::TestX::test_x",
+    )
+    function = add_params(hit.function, ["monkeypatch"])
+    assert "def test_x(self, getcwd, monkeypatch):" in cst.Module([function]).code
