@@ -15,7 +15,16 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .fix_files import FIXES_DIR, FixFile, PatchError, apply_diff, read_fixes, sha256
+from .fix_files import (
+    FIXES_DIR,
+    FixFile,
+    PatchError,
+    apply_diff,
+    is_applied,
+    read_fixes,
+    sha256,
+    slug,
+)
 from .state import STATE_FILE, describe_error
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
@@ -70,12 +79,12 @@ def main(args: argparse.Namespace) -> int:
             print(f"# {fix.victim}: {fix.how}\n{fix.diff}", end="" if fix.diff.endswith("\n")
                   else "\n")  # fmt: skip
         return EXIT_OK
-    refused = 0
-    for lines in apply_all(fixes).values():
+    complete = True
+    for lines, ok in apply_all(fixes).values():
         for line in lines:
             print(f"capsafe fix: {line}", file=sys.stderr)
-        refused += not lines[-1].startswith(("patched", "already patched"))
-    return EXIT_REFUSED if refused else EXIT_OK
+        complete &= ok
+    return EXIT_OK if complete else EXIT_REFUSED
 
 
 def load(out: Path) -> list[FixFile]:
@@ -108,42 +117,62 @@ def chosen(fixes: Sequence[FixFile], tests: Sequence[str]) -> list[FixFile]:
     return [by_victim[t] for t in dict.fromkeys(tests)]
 
 
-def apply_all(fixes: Sequence[FixFile]) -> dict[Path, list[str]]:
-    """Apply each file's patches; per file, what happened (the last line says how it ended:
-    "patched", "already patched", or why it was left alone)."""
+def apply_all(fixes: Sequence[FixFile]) -> dict[Path, tuple[list[str], bool]]:
+    """Apply each file's patches; per file, what happened and whether every patch asked for
+    is in (applied now or before)."""
     by_file: dict[Path, list[FixFile]] = {}
     for fix in fixes:
         by_file.setdefault(fix.target, []).append(fix)
     return {target: _apply_file(target, group) for target, group in by_file.items()}
 
 
-def _apply_file(target: Path, fixes: Sequence[FixFile]) -> list[str]:
-    names = ", ".join(f.victim for f in fixes)
+def _apply_file(target: Path, fixes: Sequence[FixFile]) -> tuple[list[str], bool]:
+    """One file's patches, one after another: one that no longer applies (its hunks overlap
+    an earlier one's) is named and left out, the others written."""
     try:
         data = target.read_bytes()
-    except OSError as exc:
-        return [f"{target}: not patched ({names}): {describe_error(exc)}"]
-    digest = sha256(data)
-    if len(fixes) == 1 and digest == fixes[0].sha256_after:
-        return [f"already patched: {target} ({names})"]
-    recorded = {f.sha256_before for f in fixes}
-    if recorded != {digest}:
-        return [f"{target}: not patched ({names}): it changed since the sweep (sha256 "
-                f"{digest[:12]}, the sweep read {sorted(recorded)[0][:12]}); sweep again with "
-                "--fix, or apply the .patch files in the sweep's fixes/ by hand"]  # fmt: skip
-    lines = []
-    try:
         text = data.decode("utf-8")
-        for fix in _unique(fixes):
+    except (OSError, UnicodeDecodeError) as exc:
+        return [f"{target}: not patched ({_names(fixes)}): {describe_error(exc)}"], False
+    digest = sha256(data)
+    if digest not in {f.sha256_before for f in fixes}:
+        if _applied(text, fixes):
+            return [f"already patched: {target} ({_names(fixes)})"], True
+        recorded = sorted({f.sha256_before[:12] for f in fixes})
+        return [f"{target}: not patched ({_names(fixes)}): it changed since the sweep (sha256 "
+                f"{digest[:12]}, the sweep read {', '.join(recorded)}); sweep again with --fix, "
+                "or apply the .patch files in the sweep's fixes/ by hand"], False  # fmt: skip
+    lines, complete, before = [], True, text
+    for fix in _unique(fixes):
+        sharing = [f for f in fixes if f.diff == fix.diff]
+        try:
             text = apply_diff(text, fix.diff)
-            lines.append(f"{fix.victim}: {fix.how}")
-    except (UnicodeDecodeError, PatchError) as exc:
-        return [f"{target}: not patched ({names}): the patches do not apply together: {exc}"]
+        except PatchError as exc:
+            complete = False
+            lines.append(f"{target}: the patch for {_names(sharing)} does not apply after the "
+                         f"others ({str(exc).splitlines()[0]}): apply fixes/"
+                         f"{slug(fix.victim)}.patch by hand once they are in, or sweep again "
+                         "with --fix")  # fmt: skip
+            continue
+        lines.append(f"{_names(sharing)}: {fix.how}")
+    if text == before:
+        return [*lines, f"{target}: not patched"], False
     try:
         target.write_text(text, encoding="utf-8", newline="")
     except OSError as exc:
-        return [f"{target}: not patched ({names}): {describe_error(exc)}"]
-    return [*lines, f"patched {target}"]
+        return [f"{target}: not patched ({_names(fixes)}): {describe_error(exc)}"], False
+    return [*lines, f"patched {target}"], complete
+
+
+def _applied(text: str, fixes: Sequence[FixFile]) -> bool:
+    """Every patch's change stands in `text` already (`capsafe fix` ran before)."""
+    return all(is_applied(text, fix.diff) for fix in _unique(fixes))
+
+
+def _names(fixes: Sequence[FixFile]) -> str:
+    """The victims a patch is for: a few by name, then how many more."""
+    names = [f.victim for f in fixes]
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def _unique(fixes: Sequence[FixFile]) -> list[FixFile]:

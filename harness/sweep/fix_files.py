@@ -85,20 +85,39 @@ def read_fixes(fixes: Path) -> list[FixFile]:
 
 def apply_diff(text: str, diff: str) -> str:
     """`text` with the unified diff's hunks applied, each where its old lines stand nearest
-    to the line it names; PatchError when a hunk's old lines are nowhere after the last."""
+    to the line it names. A hunk whose new lines stand there already is left as it is (an
+    earlier patch of the same file made the same change: two polluters' patches both add
+    `import functools` after the same line). PatchError when a hunk's old lines, and its
+    new ones, are nowhere after the last hunk's."""
     lines = _lines(text)
     out: list[str] = []
     pos = 0
     for start, old, new in _hunks(diff):
         at = _find(lines, old, start, pos)
-        if at is None:
+        if at is not None:
+            out += lines[pos:at]
+            out += new
+            pos = at + len(old)
+            continue
+        done = _find(lines, new, start, pos) if new else None
+        if done is None:
             shown = "".join(old[:3]).rstrip("\n") or "(an empty file)"
             raise PatchError(f"a hunk at line {start + 1} does not match:\n{shown}")
-        out += lines[pos:at]
-        out += new
-        pos = at + len(old)
+        out += lines[pos : done + len(new)]
+        pos = done + len(new)
     out += lines[pos:]
     return "".join(out)
+
+
+def is_applied(text: str, diff: str) -> bool:
+    """Does every hunk's new text stand in `text`, in order (the patch is in already)?"""
+    lines, pos = _lines(text), 0
+    for start, _, new in _hunks(diff):
+        at = _find(lines, new, start, pos)
+        if at is None:
+            return False
+        pos = at + len(new)
+    return True
 
 
 def _hunks(diff: str) -> list[tuple[int, list[str], list[str]]]:

@@ -95,3 +95,22 @@ def test_a_users_mistake_is_one_line(
     assert main(["fix", str(out), *[a for a in args if a != "missing"]]) == 2
     err = capsys.readouterr().err
     assert said in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_patch_that_no_longer_applies_is_left_out_and_the_others_written(
+    swept: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clash = BEFORE.replace("import registry\n", "import registry as reg\n")
+    fix_for(swept.parent / "suite", "t.py::test_c", clash).write(swept / FIXES_DIR)
+    assert main(["fix", str(swept)]) == 1
+    assert target(swept).read_text() == apply_diff(FIRST, fix_for(swept, "", SECOND).diff)
+    err = capsys.readouterr().err
+    assert "the patch for t.py::test_c does not apply after the others" in err
+    assert "patched" in err
+
+
+def test_a_file_with_every_patch_in_is_already_patched(swept: Path) -> None:
+    assert main(["fix", str(swept)]) == 0
+    patched = target(swept).read_text()
+    assert main(["fix", str(swept)]) == 0
+    assert target(swept).read_text() == patched

@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from capsafe_harness.sweep.fix_files import FixFile, PatchError, apply_diff, read_fixes, slug
+from capsafe_harness.sweep.fix_files import (
+    FixFile,
+    PatchError,
+    apply_diff,
+    is_applied,
+    read_fixes,
+    slug,
+)
 
 BEFORE = "".join(f"line {i}\n" for i in range(1, 21))
 
@@ -68,3 +75,20 @@ def test_crlf_and_form_feed_lines_apply_as_they_are() -> None:
     before = "a = 1\r\n\x0c\r\nb = 2\r\n"
     after = "a = 1\r\n\x0c\r\nb = 3\r\n"
     assert apply_diff(before, diff(before, after)) == after
+
+
+def test_two_patches_making_one_change_both_apply() -> None:
+    """freezegun's two polluters are patched apart, each adding `import functools` after the
+    same line and changing its own function: applied one after the other, the import is in
+    once and both functions are changed."""
+    pad = "".join(f"X{i} = {i}\n" for i in range(8))  # the hunks stand apart, as there
+    before = f"import os\n{pad}\n\ndef test_a():\n    pass\n{pad}\n\ndef test_b():\n    pass\n"
+    first = before.replace("import os\n", "import os\nimport functools\n").replace(
+        "def test_a():", "def test_a(request):"
+    )
+    second = before.replace("import os\n", "import os\nimport functools\n").replace(
+        "def test_b():", "def test_b(request):")  # fmt: skip
+    both = apply_diff(apply_diff(before, diff(before, first)), diff(before, second))
+    assert both == first.replace("def test_b():", "def test_b(request):")
+    assert is_applied(both, diff(before, first)) and is_applied(both, diff(before, second))
+    assert not is_applied(before, diff(before, second))
