@@ -119,6 +119,17 @@ def test_statements_go_after_the_docstring_and_fixtures_before_defaults() -> Non
     ]
 
 
+def test_a_one_line_body_becomes_one_statement_a_line() -> None:
+    hit = found("def test_x(): assert a; assert b\n", "t.py::test_x")
+    function = prepend(hit.function, [cst.parse_statement("reset()")])
+    assert cst.Module([function]).code.splitlines() == [
+        "def test_x():",
+        "    reset()",
+        "    assert a",
+        "    assert b",
+    ]
+
+
 def test_imports_go_after_the_future_import_and_are_not_repeated() -> None:
     module = parse('''
         """Doc."""
