@@ -190,7 +190,7 @@ def _moved(
         if donor is None:
             skipped.append(f"{donor_id}: its code was not found")
             continue
-        offered = donation(donor_id, donor, victim)
+        offered = donation(donor_id, donor, victim, rootdir)
         units += offered.units
         skipped += offered.skipped
     names = ", ".join(ids)

@@ -28,7 +28,10 @@ def body_of(function: cst.FunctionDef) -> tuple[list[cst.BaseStatement], list[cs
     (`a; b` becomes two), so each can be moved or dropped on its own."""
     block = function.body
     if isinstance(block, cst.SimpleStatementSuite):
-        lines: list[cst.BaseStatement] = [cst.SimpleStatementLine([s]) for s in block.body]
+        lines: list[cst.BaseStatement] = [
+            cst.SimpleStatementLine([s.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)])
+            for s in block.body
+        ]
     else:
         lines = []
         for stmt in block.body:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import libcst as cst
 
@@ -51,7 +52,7 @@ class Donation:
     skipped: list[str] = field(default_factory=list)
 
 
-def donation(donor_id: str, donor: Found, victim: Found) -> Donation:
+def donation(donor_id: str, donor: Found, victim: Found, root: Path | None = None) -> Donation:
     """The donor's setup (unless the victim runs the same) then body, statement by statement."""
     out = Donation(donor_id)
     same_class = donor.site.path == victim.site.path and donor.site.classes == victim.site.classes
@@ -80,8 +81,12 @@ def donation(donor_id: str, donor: Found, victim: Found) -> Donation:
                     if name not in bindings or name in victim_bindings:
                         continue  # a local, a builtin, or a name the victim's module has
                     bound = bindings[name]
-                    if bound is None:
-                        unmovable = f"uses {name}, defined in {donor.site.path}"
+                    if bound is None:  # a helper of the donor's module: import it from there
+                        module = importable(root, donor.site.path) if root else None
+                        if module is None:
+                            unmovable = f"uses {name}, defined in {donor.site.path}"
+                        else:
+                            imports.append(Import(module, name))
                     elif bound.relative and _folder(donor.site.path) != _folder(victim.site.path):
                         unmovable = f"uses {name}, imported relatively in {donor.site.path}"
                     else:
@@ -150,6 +155,19 @@ class _EndsEarly(cst.CSTVisitor):
         name = dotted(node.func).rsplit(".", 1)[-1]
         if name in ENDS_EARLY:
             self.found = self.found or f"{name}()"
+
+
+def importable(root: Path, path: str) -> str | None:
+    """The name a test process imports `path` (relative to `root`) under, as pytest's
+    default import mode does: the folders above it that are packages, then its stem;
+    None when that is not a Python name."""
+    target = root / path
+    parts = [target.stem]
+    folder = target.parent
+    while folder != root and (folder / "__init__.py").is_file():
+        parts.insert(0, folder.name)
+        folder = folder.parent
+    return ".".join(parts) if all(p.isidentifier() for p in parts) else None
 
 
 def _folder(path: str) -> str:

@@ -11,6 +11,7 @@ passes there. A candidate that does not parse never reaches a replay.
 from __future__ import annotations
 
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -29,7 +30,8 @@ SKIPPED_DIRS = frozenset(
      ".tox", ".nox", "node_modules"}
 )  # fmt: skip
 """Directories never copied into the scratch tree (caches, VCS data); virtualenvs (a
-pyvenv.cfg inside) and a sweep's own --out (raw/journal.jsonl inside) are left out too."""
+pyvenv.cfg inside), a sweep's own --out (raw/journal.jsonl inside) and special files (a FIFO
+or a socket a test left) are left out too."""
 
 
 class OutOfBudget(Exception):
@@ -42,9 +44,19 @@ def _ignored(directory: str, names: list[str]) -> set[str]:
         n
         for n in names
         if n in SKIPPED_DIRS
+        or _special(here / n)
         or (here / n / "pyvenv.cfg").is_file()
         or (here / n / "raw" / "journal.jsonl").is_file()
     }
+
+
+def _special(path: Path) -> bool:
+    """A FIFO, a socket, a device: nothing a test file is, and copying one blocks or fails."""
+    try:
+        mode = path.lstat().st_mode
+    except OSError:
+        return True
+    return not (stat.S_ISDIR(mode) or stat.S_ISREG(mode) or stat.S_ISLNK(mode))
 
 
 class Scratch:

@@ -440,3 +440,30 @@ def test_a_mock_patched_polluter_takes_monkeypatch_after_its_mock(tmp_path: Path
     assert patch is not None and "+def test_quiet(getcwd, monkeypatch):" in patch.diff
     applied(root, patch)
     assert passes(root, *case.causes, case.victim)
+
+
+@pytest.mark.slow
+def test_a_cleaners_helper_comes_along_as_an_import(tmp_path: Path) -> None:
+    files = {
+        "state.py": STATE,
+        "test_configure.py": ALIASED_POLLUTER,
+        "test_clean.py": (
+            "import state\n\n\ndef reset():\n    state.CACHE['mode'] = 'default'\n\n\n"
+            "def test_resets():\n    reset()\n"
+        ),
+        "test_read.py": (
+            "import state\n\n\ndef test_reads_default():\n"
+            "    assert state.CACHE['mode'] == 'default'\n"
+        ),
+    }
+    case = FixCase(
+        "test_read.py::test_reads_default",
+        "order-dependent",
+        ("test_configure.py::test_switch",),
+        cleaners=("test_clean.py::test_resets",),
+    )
+    patch, _, root = fix(tmp_path, files, case)
+    assert patch is not None and patch.source == "cleaner"
+    assert "+from test_clean import reset" in patch.diff and "+    reset()" in patch.diff
+    applied(root, patch)
+    assert passes(root, *case.causes, case.victim)

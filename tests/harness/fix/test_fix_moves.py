@@ -15,7 +15,7 @@ from capsafe_harness.fix.edit import Import as Needed
 from capsafe_harness.fix.edit import add_imports, add_params, names_used, prepend
 from capsafe_harness.fix.idioms import rewrite_brittle, rewrites
 from capsafe_harness.fix.locate import Found, find, module_tests, setups, site_of
-from capsafe_harness.fix.transplant import donation, implant
+from capsafe_harness.fix.transplant import donation, implant, importable
 
 
 def parse(source: str) -> cst.Module:
@@ -116,6 +116,17 @@ def test_statements_go_after_the_docstring_and_fixtures_before_defaults() -> Non
         "    # capsafe fix: here",
         "    reset()",
         "    assert a",
+    ]
+
+
+def test_a_one_line_body_becomes_one_statement_a_line() -> None:
+    hit = found("def test_x(): assert a; assert b\n", "t.py::test_x")
+    function = prepend(hit.function, [cst.parse_statement("reset()")])
+    assert cst.Module([function]).code.splitlines() == [
+        "def test_x():",
+        "    reset()",
+        "    assert a",
+        "    assert b",
     ]
 
 
@@ -526,3 +537,17 @@ def test_under_mock_patch_a_fixture_goes_last_the_mock_fills_the_first_argument(
     )
     function = add_params(hit.function, ["monkeypatch"])
     assert "def test_x(self, getcwd, monkeypatch):" in cst.Module([function]).code
+
+
+def test_a_helper_of_the_cleaners_module_is_imported_from_it(tmp_path: Path) -> None:
+    (tmp_path / "tests" / "unit").mkdir(parents=True)
+    (tmp_path / "tests" / "__init__.py").write_text("")
+    (tmp_path / "tests" / "unit" / "__init__.py").write_text("")
+    assert importable(tmp_path, "tests/unit/test_c.py") == "tests.unit.test_c"
+    assert importable(tmp_path, "plain/test_c.py") == "test_c"
+    assert importable(tmp_path, "plain/test-c.py") is None
+    cleaner = "def reset():\n    pass\n\n\ndef test_clean():\n    reset()\n"
+    victim = found("def test_v():\n    pass\n", "tests/unit/test_v.py::test_v")
+    donor = found(cleaner, "tests/unit/test_c.py::test_clean")
+    offer = donation("tests/unit/test_c.py::test_clean", donor, victim, tmp_path)
+    assert offer.skipped == [] and offer.units[0].imports == (Needed("tests.unit.test_c", "reset"),)

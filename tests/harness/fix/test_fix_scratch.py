@@ -25,10 +25,11 @@ def test_the_scratch_copy_leaves_out_caches_venvs_and_a_sweeps_out(tmp_path: Pat
     ):  # fmt: skip
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text("x = 1\n")
+    os.mkfifo(root / "data" / "pipe")  # copying a FIFO blocks or fails: never copied
     with Scratch(root) as scratch:
         copied = {p.relative_to(scratch.root).as_posix() for p in scratch.root.rglob("*")}
         assert {"test_a.py", "pkg/__init__.py", "data/raw/other.txt"} <= copied
-        for gone in (".git", "__pycache__", ".pytest_cache", ".venv", "out"):
+        for gone in (".git", "__pycache__", ".pytest_cache", ".venv", "out", "data/pipe"):
             assert gone not in copied, gone
         base = scratch.root
     assert not base.exists()
