@@ -104,7 +104,8 @@ class Fixes:
         for cause in causes:
             env.update(leaks.get(cause, {}))
         found = tuple(cleaners.cleaners) if cleaners else ()
-        case = fix_case.FixCase(victim, kind, tuple(causes), found, env)
+        case = fix_case.FixCase(victim, kind, tuple(causes), found, env,
+                                collected=tuple(self.store.collected))  # fmt: skip
         fix, outcome = self._patch(case)
         if fix is None and outcome is None:
             return []  # the budget stopped it: no record, the note counts it

@@ -148,6 +148,7 @@ def test_the_phase_asks_known_polluters_alone(tmp_path: Path) -> None:
                   tmp_path / "out", tmp_path, find_patch=engine)  # fmt: skip
     fixes.run()
     assert [c.cleaners for c in cases] == [(CLEAN[0],)]
+    assert cases[0].collected == store.collected  # the engine's module check replays these
     assert store.ev(V).cleaners == [CLEAN[0]]
     assert fixes.records[V].outcome == "no patch verified"
     # asked again in a resumed sweep: served from the journal, no replay
