@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..verdicts.catalogue import Verdict
+from .shared import fix_line
 
 ACTIONS_ENV = "GITHUB_ACTIONS"
 SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
@@ -48,6 +49,8 @@ def annotation(
     text = f"{test['nodeid']}: {test.get('why', '')}"
     if test.get("replay"):
         text += f"\nReproduce: {test['replay']}"
+    if fixed := fix_line(test):
+        text += f"\n{fixed}"
     return f"::{level} {where},title={_property(title)}::{_data(text)}"
 
 

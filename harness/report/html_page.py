@@ -30,7 +30,9 @@ from .shared import (
     OUTCOME_COLOURS,
     Cell,
     class_counts,
+    cleaners_of,
     evidence_lines,
+    fix_of,
     leaky_tests,
     other_outcomes,
     outcome_counts,
@@ -99,6 +101,9 @@ def render_html(
             for kind, causes, test in pairs(tests)
         ],
         "searches": [_search(s) for s in summary.searches],
+        "fixes": summary.fixes,
+        "fixes_line": f"{sum(f.patched for f in summary.fixes)} of {len(summary.fixes)} "
+        "verdicts got a verified patch; `capsafe fix OUT` applies them all.",
     }  # fmt: skip
     return _template().render(context)
 
@@ -169,7 +174,22 @@ def _row(t: Mapping[str, Any], rates: list[float]) -> dict[str, Any]:
         "why": [line for line in evidence_lines(t) if line] if cls != Verdict.PASS else [],
         "signals": t["signals"],
         "trend": _sparkline(rates) if len(rates) > 1 else None,
+        "cleaners": cleaners_of(t),
+        "fix": _fix(t),
     }
+
+
+def _fix(t: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A verified patch's summary line, its diff line by line (coloured), and its command."""
+    fix = fix_of(t)
+    if fix is None:
+        return None
+    kinds = (("+++", "file"), ("---", "file"), ("+", "add"), ("-", "del"), ("@@", "hunk"))
+    lines = [
+        {"text": line, "kind": next((k for mark, k in kinds if line.startswith(mark)), "")}
+        for line in str(fix["diff"]).splitlines()
+    ]
+    return {**fix, "lines": lines}
 
 
 def _cause(t: Mapping[str, Any]) -> tuple[str, list[str]] | None:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..verdicts.catalogue import Verdict
+from .shared import fix_line
 from .summary import Summary
 
 SUITE_NAME = "capsafe sweep"
@@ -58,6 +59,8 @@ def _failure_text(test: Mapping[str, Any]) -> str:
         lines += ["", str(test.get("details") or test.get("message"))]
     if test.get("replay"):
         lines += ["", "Reproduce:", str(test["replay"])]
+    if fixed := fix_line(test):
+        lines += ["", fixed]
     return "\n".join(lines)
 
 

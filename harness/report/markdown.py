@@ -10,7 +10,9 @@ from ..verdicts.catalogue import CLASSES, Verdict
 from . import gpu_report, placement, tables
 from .shared import (
     class_counts,
+    cleaners_of,
     evidence_lines,
+    fix_of,
     leaky_tests,
     other_outcomes,
     outcome_counts,
@@ -79,6 +81,7 @@ def render_markdown(summary: Summary, tests: Sequence[Mapping[str, Any]] | None 
                 f"- env: {_md(tables.env_leak_text(leak))}" for leak in t.get("env_leaks", [])
             ]
             lines += ["", "Reproduce:", "", "```sh", t["replay"], "```", ""]
+            lines += _fix_lines(t)
     others = other_outcomes(tests)
     if others:
         lines += ["## Skipped, xfailed and xpassed", "",
@@ -100,6 +103,7 @@ def render_markdown(summary: Summary, tests: Sequence[Mapping[str, Any]] | None 
                     f"| {_md(_value(before))} | {_md(_value(after))} |"
                 )
         lines.append("")
+    lines += _fixes_section(summary)
     if summary.searches:
         lines += ["## Searches", "", "| test | candidates | replays | bound |", "|---|---|---|---|"]
         for s in summary.searches:
@@ -109,6 +113,37 @@ def render_markdown(summary: Summary, tests: Sequence[Mapping[str, Any]] | None 
             )
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def _fix_lines(test: Mapping[str, Any]) -> list[str]:
+    """A test's cleaners and its verified patch: the diff and the command that applies it."""
+    lines = []
+    if cleaners := cleaners_of(test):
+        named = ", ".join(f"`{c}`" for c in cleaners)
+        lines += [f"Cleaners (run between its polluter and it, it passes): {named}", ""]
+    fix = fix_of(test)
+    if fix is None:
+        return lines
+    return [*lines, f"Verified fix ({fix['source']}, `{fix['path']}`): {fix['how']}", "",
+            *_fenced(str(fix["diff"]), "diff"), "", "Apply it:", "", "```sh",
+            str(fix["apply"]), "```", ""]  # fmt: skip
+
+
+def _fixes_section(summary: Summary) -> list[str]:
+    """The fixing phase (--fix): each verdict it worked on, its cleaners and its patch."""
+    if not summary.fixes:
+        return []
+    patched = sum(f.patched for f in summary.fixes)
+    lines = ["## Fixes", "", f"{patched} of {len(summary.fixes)} verdicts got a verified patch "
+             "(`capsafe fix OUT` applies them all).", "",
+             "| test | class | cleaners | cleaner replays | patch |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for f in summary.fixes:
+        cleaners = ", ".join(f"`{_md(c)}`" for c in f.cleaners) or "—"
+        patch = ("verified: " if f.patched else "none: ") + f.outcome
+        lines.append(f"| `{_md(f.victim)}` | {f.kind} | {cleaners} | {f.cleaner_replays} "
+                     f"| {_md(patch)} |")  # fmt: skip
+    return [*lines, ""]
 
 
 def _md(text: str) -> str:
@@ -127,11 +162,11 @@ def _md_message(test: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _fenced(text: str) -> list[str]:
+def _fenced(text: str, language: str = "text") -> list[str]:
     """`text` in a code fence longer than any run of backticks inside it."""
     longest = max((len(run) for run in re.findall("`+", text)), default=0)
     fence = "`" * max(3, longest + 1)
-    return [fence + "text", text.rstrip("\n"), fence]
+    return [fence + language, text.rstrip("\n"), fence]
 
 
 def _value(value: str | None) -> str:

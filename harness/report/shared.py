@@ -162,3 +162,21 @@ def evidence_lines(test: Mapping[str, Any]) -> list[str]:
     if chance is not None:
         lines += [f"Chance a sweep of {test['runs']} runs shows it: {pct(chance)}", ""]
     return lines
+
+
+def fix_of(test: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """A test's verified patch (`capsafe sweep --fix`): path, diff, how, source, patch, apply."""
+    fix = test.get("fix")
+    return fix if isinstance(fix, Mapping) and fix.get("diff") else None
+
+
+def cleaners_of(test: Mapping[str, Any]) -> list[str]:
+    """The verified cleaners of an order-dependent test (`capsafe sweep --fix`)."""
+    found = test.get("cleaners")
+    return [str(c) for c in found] if isinstance(found, list | tuple) else []
+
+
+def fix_line(test: Mapping[str, Any]) -> str:
+    """ "Verified fix: HOW; apply: capsafe fix OUT TEST" for a test with a patch, else ''."""
+    fix = fix_of(test)
+    return f"Verified fix: {fix['how']}; apply: {fix['apply']}" if fix else ""

@@ -31,6 +31,9 @@ class TestVerdict:
     replay: str
     capture: dict[str, Any] | None = None  # capture-unsafe: harness.sweep.capture_sweep's fields
     collides_with: list[str] = field(default_factory=list)  # parallel-unsafe, confirmed K times
+    cleaners: list[str] = field(default_factory=list)  # order-dependent: verified K times (--fix)
+    # a verified patch (--fix): path, diff, how, source, patch (its file in --out), apply
+    fix: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,18 @@ class SearchRecord:
     culprits: list[str]
     verified: bool
     capped: bool  # ddmin stopped at its cap
+
+
+@dataclass(frozen=True)
+class FixRecord:
+    """One verdict the fixing phase (--fix) worked on: its cleaner search and its patch."""
+
+    victim: str
+    kind: str  # order-dependent or brittle
+    cleaners: list[str]
+    cleaner_replays: int  # the cleaner search's replays, its verification included
+    patched: bool  # a verified patch was found
+    outcome: str  # the patch's "how", or why there is none
 
 
 @dataclass
@@ -78,6 +93,8 @@ class Summary:
     # tests classed pass that were skipped, xfailed or xpassed, by that outcome: never
     # counted as a pass in the headline, the cards, the console or JUnit
     outcomes: dict[str, int] = field(default_factory=dict)
+    # the fixing phase's work, one per verdict it tried to fix (empty without --fix)
+    fixes: list[FixRecord] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """summary.json's content (no `placement` key when no process was pinned)."""

@@ -179,8 +179,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="run each test body in T threads at once, through "
                         "pytest-run-parallel (default 1)")  # fmt: skip
     add_verdict_options(parser)
+    parser.add_argument("--fix", action="store_true",
+                        help="after the searches, find each order-dependent test's cleaners and "
+                        "a patch for every order-dependent and brittle test, verified by replay "
+                        "in a scratch copy of the suite, into --out/fixes (`capsafe fix OUT` "
+                        "applies them); a phase of its own, with its own "
+                        "--phase-budget")  # fmt: skip
     parser.add_argument("--phase-budget", default="auto", metavar="SEC|auto|none",
-                        help="seconds each phase after the suite runs (isolation, searches) may "
+                        help="seconds each phase after the suite runs (isolation, searches, "
+                        "fixes) may "
                         "take; what it leaves undone is unverified, never pass (default auto: "
                         "10x the suite runs' time, at least 10 minutes)")  # fmt: skip
     again = parser.add_mutually_exclusive_group()
@@ -353,6 +360,7 @@ def options_from(args: argparse.Namespace) -> SweepOptions:
         address=args.address,
         gpus=devices,
         junitxml=junit_path(args),
+        fix=args.fix,
     )
     if args.resume:
         before = state.resumed_options(out)

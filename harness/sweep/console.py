@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 from ..report.shared import worst_first
 from ..report.summary import TestVerdict
 from ..verdicts.catalogue import Verdict
@@ -36,4 +38,17 @@ def console_lines(result: SweepResult) -> list[str]:
     more = sum(t.classification != Verdict.PASS for t in result.summary.tests) - len(shown)
     if more > 0:
         lines.append(f"  ... and {more} more in the report")
-    return [*lines, result.reason]
+    return [*lines, *fix_lines(result), result.reason]
+
+
+def fix_lines(result: SweepResult) -> list[str]:
+    """With --fix: how many verdicts got a verified patch, and the command that applies them."""
+    fixes = result.summary.fixes
+    if not fixes:
+        return []
+    patched = [t.fix for t in result.summary.tests if t.fix]
+    line = f"  fixes: {len(patched)} of {len(fixes)} verdicts got a verified patch"
+    if patched:
+        every = shlex.join(shlex.split(str(patched[0]["apply"]))[:-1])  # without its test
+        line += f"; apply them all with `{every}`"
+    return [line]

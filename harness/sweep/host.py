@@ -29,6 +29,8 @@ from .options import SweepOptions
 from .runner import PYTEST_NO_RUN, ProcessResult, Runner
 from .store import EvidenceStore
 
+FIX_RECORDS = "fixes"  # under raw/: the records of replays in scratch copies of the suite
+
 Work = Callable[[Any, int], list[Any]]
 """A pool job's work: `work(job, i)` (i: how many jobs started before it) returns more jobs."""
 
@@ -60,6 +62,21 @@ def target_outcome(attempt: Attempt | None, returncode: int) -> tuple[bool | Non
     if returncode in PYTEST_NO_RUN:
         return None, frozenset()
     return True, frozenset({Signal.CRASH})  # the process died before the test reported: a crash
+
+
+def outcomes(done: Replayed, sequence: Sequence[str]) -> dict[str, bool | None]:
+    """Each test of a replayed sequence: failed? None for one that did not run (after the
+    first test a dead process left without a row, which is the one it died in)."""
+    found: dict[str, bool | None] = {}
+    died = False
+    for nodeid in sequence:
+        attempt = done.attempts.get(nodeid)
+        if attempt is None and died:
+            found[nodeid] = None
+            continue
+        found[nodeid] = target_outcome(attempt, done.returncode)[0]
+        died = died or (attempt is None and found[nodeid] is not None)
+    return found
 
 
 class Host(Protocol):
@@ -160,12 +177,16 @@ class SweepHost:
         extra: Sequence[str] = (),
         exclusive: bool = False,
         group: object = None,
+        root: Path | None = None,
     ) -> Replayed:
+        """`root`: run in that scratch copy of the rootdir instead (see `replay_in`)."""
         if self.runner.stopping.is_set():
             raise KeyboardInterrupt
         exclusive = exclusive or (self.one_at_a_time and group is None)
         sequence = list(sequence)
         raw = self.store.raw
+        if root is not None:
+            return self._replay_rooted(root, sequence, seed, kind, extra, exclusive)
         key = question(kind, seed, extra, exclusive, sequence)
         kept = None if group is not None else self.journal.answer(key, raw)
         if kept is not None:  # finished before an interrupt: --resume does not run it again
@@ -186,6 +207,36 @@ class SweepHost:
             self.journal.add(key, result)
         self.store.take(result)
         return self._replayed(result)
+
+    def _replay_rooted(
+        self, root: Path, sequence: list[str], seed: int | None, kind: str,
+        extra: Sequence[str], exclusive: bool,
+    ) -> Replayed:  # fmt: skip
+        """A replay in a scratch copy of the rootdir (a candidate fix applied there): one fresh
+        process, never forked (a fork server imported the suite's own, unpatched modules),
+        never journaled (the copy is gone once the fix is decided) and never evidence of the
+        sweep (its tests ran changed code): its records go to raw/fixes/, apart."""
+        label = self.label(kind)
+        under = self.store.raw / FIX_RECORDS
+        replay_file = under / "replays" / f"{label}.txt"
+        order.write_replay(replay_file, sequence)
+        cwd, targets = self.runner.rooted(root, sequence)
+        cmd = self.runner.pytest_command(
+            targets, under / label, label, seed=seed, workers=0, replay_file=replay_file,
+            extra=extra, root=root,
+        )  # fmt: skip
+        self.bar.add(len(sequence))
+        result = self.runner.run(label, cmd, exclusive=exclusive, sequence=sequence, cwd=cwd,
+                                 under=under)  # fmt: skip
+        return self._replayed(result)
+
+    def replay_in(self, root: Path, sequence: Sequence[str]) -> dict[str, bool | None]:
+        """The fix engine's `ReplayIn` (harness.fix.case): `sequence` in one fresh process
+        rooted at `root`; node id -> failed? (None: it did not run). The rootdir itself is
+        replayed as any search replay is (forked, journaled)."""
+        same = root.resolve() == self.runner.rootdir.resolve()
+        done = self.replay(sequence, seed=None, kind="fix", root=None if same else root)
+        return outcomes(done, sequence)
 
     @staticmethod
     def _replayed(result: ProcessResult) -> Replayed:

@@ -9,6 +9,10 @@ a question answered n times before is served from those records instead of being
 again (issue 24). Questions asked only after the interrupt, and the processes the
 interrupt cut off, run. Pair runs (two processes started together) are not journaled:
 one half served from the journal would no longer run beside the other.
+
+The fixing phase's work is journaled whole instead (`add_result`): a cleaner search or a
+patch search, once finished, is one line with what it found, served to a resumed sweep
+as it is (its replays in scratch copies of the suite cannot be asked again).
 """
 
 from __future__ import annotations
@@ -44,11 +48,15 @@ class Journal:
         self._lock = threading.Lock()
         self._before: dict[str, list[dict[str, Any]]] = {}  # key -> finished, in order
         self._asked: dict[str, int] = {}
+        self._results: dict[tuple[str, str], Any] = {}  # (kind, subject) -> what it found
         self.served = 0
         if resume and self.path.is_file():
             for line in self.path.read_text(encoding="utf-8").splitlines():
                 try:
                     entry = json.loads(line)
+                    if "result" in entry:
+                        self._results[str(entry["result"]), str(entry["subject"])] = entry["data"]
+                        continue
                     self._before.setdefault(str(entry["key"]), []).append(entry)
                 except (ValueError, KeyError, TypeError):
                     continue  # a line the interrupt cut short
@@ -92,5 +100,19 @@ class Journal:
             "killed": [[k.nodeid, k.phase, k.index, k.at] for k in end.killed],
         }  # fmt: skip
         line = json.dumps(entry) + "\n"
+        with self._lock, self.path.open("a", encoding="utf-8") as f:
+            f.write(line)
+
+    def result(self, kind: str, subject: str) -> tuple[bool, Any]:
+        """(found?, what it found) of a finished `kind` search for `subject` before."""
+        with self._lock:
+            if (kind, subject) not in self._results:
+                return False, None
+            self.served += 1
+            return True, self._results[kind, subject]
+
+    def add_result(self, kind: str, subject: str, data: Any) -> None:
+        """Record a finished `kind` search for `subject` (JSON-able `data`), at once."""
+        line = json.dumps({"result": kind, "subject": subject, "data": data}) + "\n"
         with self._lock, self.path.open("a", encoding="utf-8") as f:
             f.write(line)

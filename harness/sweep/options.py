@@ -42,6 +42,7 @@ class SweepOptions:
     shard: Shard | None = None  # this sweep is shard K of N (harness.sweep.shard): no searches
     junitxml: Path | None = None  # --junitxml: the verdicts as JUnit XML (harness.report.junit)
     fork: bool = True  # replays forked from one collected pytest (fork_executor); False: fresh
+    fix: bool = False  # --fix: the fixing phase (harness.sweep.fixes) after the searches
 
     @property
     def stall_limit(self) -> float:

@@ -11,7 +11,9 @@ evidence into verdicts (harness.verdicts) and hands the typed `Summary` to the r
    with (harness.sweep.parallel), before any order search;
 4. searches: polluters and state-setters (harness.sweep.searches); every replay through
    the `Host` (harness.sweep.host);
-5. classification (harness.verdicts.catalogue) and reports (harness.report.render,
+5. with --fix only, fixes: cleaners and a verified patch per order-dependent and brittle
+   verdict (harness.sweep.fixes, over the fix engine harness.fix), into --out/fixes;
+6. classification (harness.verdicts.catalogue) and reports (harness.report.render,
    harness.report.history).
 
 Ctrl-C (or SIGTERM, SIGHUP: harness.sweep.termination) and an exhausted --budget both stop new
@@ -25,9 +27,7 @@ in place of the first phases and drives the rest.
 
 from __future__ import annotations
 
-import hashlib
 import math
-import re
 import sys
 import time
 from collections import Counter
@@ -47,6 +47,8 @@ from ..verdicts import catalogue, fold, stats
 from ..verdicts.catalogue import Verdict, why
 from ..verdicts.evidence import VERIFY_TIMES
 from . import backend_probe, capture_sweep, search, termination
+from .fix_files import slug
+from .fixes import Fixes
 from .host import SweepHost
 from .isolation import Isolation
 from .options import SweepOptions
@@ -94,6 +96,8 @@ class Sweep:
         self.isolation = Isolation(options, self.host, self.store, self.capture, self.runner.cwd)
         self.parallel = ParallelCheck(options, self.host, self.store)
         self.searches = Searches(self.host, self.store, self.capture, self.isolation, self.parallel)
+        self.fixes = Fixes(self.host, self.store, self.host.journal, lambda: self.runner.rootdir,
+                           options.out, options.invoked_from or Path.cwd())  # fmt: skip
         self.neighbors_problem = ""  # why neighbour threads could not start (exit 2)
         self.no_searches = SHARD_VIEW if options.shard else ""  # why searches are not run
         self.stopped = ""  # an interrupted sweep's headline: by what, and how much ran
@@ -144,7 +148,8 @@ class Sweep:
                  ("isolation", self._isolation)]  # fmt: skip
         if self.no_searches:
             return steps
-        return [*steps, ("parallel", self._parallel), ("searches", self.searches.run)]
+        steps += [("parallel", self._parallel), ("searches", self.searches.run)]
+        return [*steps, ("fixes", self.fixes.run)] if self.options.fix else steps
 
     def phase_budget(self, name: str) -> float | None:
         """Seconds phase `name` may take (--phase-budget): none for collection and the suite
@@ -202,7 +207,7 @@ class Sweep:
                 sequence = (
                     [*ev.polluters, nodeid] if verdict == Verdict.ORDER_DEPENDENT else [nodeid]
                 )
-                replay_file = replays_dir / f"{_slug(nodeid)}.txt"
+                replay_file = replays_dir / f"{slug(nodeid)}.txt"
                 order.write_replay(replay_file, sequence)
                 replay = self.runner.replay_command(replay_file.resolve(), sequence)
             low, high = stats.wilson_interval(ev.failures, ev.runs)
@@ -221,6 +226,7 @@ class Sweep:
                 collides_with=ev.collides_with,
                 signals=sorted(ev.signals), message=ev.message if verdict != Verdict.PASS else "",
                 replay=replay, capture=self.capture.test_fields(nodeid, replay) if unsafe else None,
+                cleaners=ev.cleaners, fix=self.fixes.verdict_fields(nodeid),
             ))  # fmt: skip
         return tests
 
@@ -252,6 +258,7 @@ class Sweep:
             shard="" if o.shard is None else str(o.shard), suite_errors=store.suite_errors,
             timeout=self.runner.timeout_line(),
             interrupted=self.stopped,
+            fixes=[self.fixes.records[n] for n in sorted(self.fixes.records)],
         )  # fmt: skip
         summary.outcomes = _not_passed(tests, store.attempts())  # each streams from raw/
         summary.placement = placement.placement_section(store.attempts())
@@ -353,11 +360,6 @@ def _cell(attempt: fold.Attempt) -> str:
     if Signal.TIMEOUT in attempt.signals:
         return Cell.TIMEOUT
     return Cell.FAILED
-
-
-def _slug(nodeid: str) -> str:
-    readable = re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_")[:80]
-    return f"{readable}-{hashlib.sha1(nodeid.encode()).hexdigest()[:8]}"
 
 
 def _outcome(

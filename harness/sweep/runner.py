@@ -42,7 +42,7 @@ from ..plugin.collection import COLLECT_OUT_ENV, PLUGIN, Collected, read_collect
 from ..plugin.gpus import VISIBLE, as_spec
 from ..records import Record, load_records
 from ..verdicts import fold
-from .executor import SWEEP_SHARED_ENV, SWEEP_TMP_ENV, Executor, Launch
+from .executor import SWEEP_SHARED_ENV, SWEEP_TMP_ENV, Executor, Launch, LocalExecutor
 from .executors import make_executor
 from .fork_executor import ForkExecutor
 from .optional_plugins import quiet_plugin_args
@@ -170,6 +170,7 @@ class Runner:
         self.shared.mkdir(parents=True, exist_ok=True)
         self.cwd = run_directory(options.paths, options.invoked_from or Path.cwd())
         self.executor = executor or self._default_executor()
+        self._fresh = LocalExecutor()  # processes in a scratch copy of the suite (`run(cwd=)`)
         self.rootdir = self.cwd  # where node ids are relative to: set by `collect`
         self.inifile = ""  # the configuration file collection found: set by `collect`
         self.project_timeout: float | None = None  # the project's own timeout: set by `collect`
@@ -212,12 +213,16 @@ class Runner:
         replay_file: Path | None = None,
         shuffle: str = "global",
         extra: Sequence[str] = (),
+        root: Path | None = None,
     ) -> list[str]:
+        """`root`: a scratch copy of the rootdir the process runs in instead (its rootdir, and
+        its configuration file when that lies under the rootdir)."""
         o = self.options
         cmd = [sys.executable, "-m", "pytest", *targets, "-p", "capsafe"]
-        cmd.append(f"--rootdir={self.rootdir}")  # the ids' root, whatever the targets
+        cmd.append(f"--rootdir={root or self.rootdir}")  # the ids' root, whatever the targets
         if self.inifile:
-            cmd.append(f"--config-file={self.inifile}")
+            inifile = Path(self.inifile)
+            cmd.append(f"--config-file={inifile if root is None else self.moved(inifile, root)}")
         if records is not None:
             cmd += [f"--capsafe-records={records}", f"--capsafe-run-id={run_id}"]
         if replay_file is not None:
@@ -242,6 +247,24 @@ class Runner:
             cmd.append(f"--capsafe-gpus={as_spec(devices)}")
         cmd += quiet_plugin_args(o.threads)
         return [*cmd, *extra, "-q", "-p", "no:cacheprovider", *o.pytest_args]
+
+    def moved(self, path: Path, root: Path) -> Path:
+        """`path` at its place under `root`, a scratch copy of the rootdir (unmoved when it
+        lies outside the rootdir)."""
+        try:
+            return root / path.relative_to(self.rootdir)
+        except ValueError:
+            return path
+
+    def rooted(self, root: Path, nodeids: Iterable[str]) -> tuple[Path, list[str]]:
+        """(working directory, targets) of a replay in `root`: the sweep's working directory
+        moved there when it lies under the rootdir (else `root` itself), and the files of
+        `nodeids` in `root`, absolute."""
+        cwd = self.moved(self.cwd, root)
+        if cwd == self.cwd:
+            cwd = root
+        files = [str(root / n.split("::", 1)[0]) for n in nodeids]
+        return cwd, list(dict.fromkeys(files))
 
     def _next_gpu(self) -> tuple[str, ...]:
         with self._lock:
@@ -334,23 +357,30 @@ class Runner:
         exclusive: bool = False,
         group: object = None,
         sequence: Sequence[str] = (),
+        cwd: Path | None = None,
+        under: Path | None = None,
     ) -> ProcessResult:
         """Run one pytest process to completion (or stall, or stop) and read its rows;
-        `sequence`: the tests a replay runs, in order (where a lost one stopped)."""
-        records = self.raw / label
+        `sequence`: the tests a replay runs, in order (where a lost one stopped). `cwd`: a
+        working directory other than the sweep's (a scratch copy of the suite): the process
+        then runs fresh on this machine, never forked from a server that imported the
+        suite's own modules; `under`: the directory its records and log go in (raw/)."""
+        where = under or self.raw
+        records = where / label
         records.mkdir(parents=True, exist_ok=True)
-        log = self.raw / f"{label}.log"
+        log = where / f"{label}.log"
         env = {SWEEP_SHARED_ENV: str(self.shared)}
         devices = self._gpu_of.pop(label, ())
         if len(devices) == 1:  # before the process starts, whatever its conftest does first
             env[VISIBLE] = devices[0]
-        launch = Launch(label, tuple(cmd), self.cwd, env, records, log,
+        launch = Launch(label, tuple(cmd), cwd or self.cwd, env, records, log,
                         self.stall_limit, devices)  # fmt: skip
         held = group is not None and group in self._groups
+        executor = self.executor if cwd is None else self._fresh
         with contextlib.nullcontext() if held else self._gate.hold(exclusive):
             if self.stopping.is_set():
                 raise KeyboardInterrupt
-            end = self.executor.execute(launch, self.on_tests, self.stopping)
+            end = executor.execute(launch, self.on_tests, self.stopping)
         rows, malformed = load_records(records)
         if end.interrupted:  # the tests it was cut off in get no verdict
             cut = fold.RunOutcome(label, end.returncode)
@@ -391,6 +421,7 @@ class Runner:
     def kill_all(self) -> None:
         self.stopping.set()
         self.executor.kill_all()
+        self._fresh.kill_all()
 
     def close(self) -> list[str]:
         """Stop the fork servers, if any; the lines the report gets about them."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from ..fix.delta import bisect, capped_ddmin
 from ..plugin.order import class_of, module_of
 
 DDMIN_CAP = 100
@@ -61,10 +62,6 @@ class SearchResult:
     capped: bool = False  # ddmin stopped at its cap: `culprits` may not be minimal
 
 
-class _CapReached(Exception):
-    pass
-
-
 def search(
     target: str,
     candidates: Sequence[str],
@@ -89,28 +86,6 @@ def search(
     return SearchResult(target, len(prefix), ask.replays, tuple(culprits), True, capped)
 
 
-def capped_ddmin(candidates: Sequence[str], oracle: Oracle, cap: int) -> tuple[list[str], bool]:
-    """ddmin that asks at most `cap` distinct questions: (the smallest set so far, cap hit?)."""
-    best = list(candidates)
-    asked: set[tuple[str, ...]] = set()
-
-    def bounded(tests: Sequence[str]) -> bool:
-        nonlocal best
-        if tuple(tests) not in asked:
-            if len(asked) >= cap:
-                raise _CapReached
-            asked.add(tuple(tests))
-        held = oracle(tests)
-        if held and len(tests) < len(best):
-            best = list(tests)
-        return held
-
-    try:
-        return ddmin(candidates, bounded), False
-    except _CapReached:
-        return best, True
-
-
 def grouped(nodeids: Sequence[str], last_module: str) -> list[str]:
     """`nodeids` with each module's (and, in it, each class's) tests together, in their
     given order, and `last_module`'s tests last: a candidate order in which module- and
@@ -127,58 +102,3 @@ def grouped(nodeids: Sequence[str], last_module: str) -> list[str]:
             classes.setdefault(class_of(nodeid), []).append(nodeid)
         out += [n for group in classes.values() for n in group]
     return out
-
-
-def bisect(candidates: Sequence[str], oracle: Oracle) -> str:
-    """The one candidate a single-culprit bisection ends on (not itself re-checked).
-
-    Keeps the first half when it reproduces, else the second half without asking:
-    under the single-culprit assumption it must be there. ceil(log2 n) questions.
-    """
-    if not candidates:
-        raise ValueError("bisect needs at least one candidate")
-    rest = list(candidates)
-    while len(rest) > 1:
-        half = len(rest) // 2
-        rest = rest[:half] if oracle(rest[:half]) else rest[half:]
-    return rest[0]
-
-
-def ddmin(candidates: Sequence[str], oracle: Oracle) -> list[str]:
-    """Zeller's delta debugging: a 1-minimal subset (order kept) for which `oracle` holds.
-
-    `oracle(candidates)` must hold. Removing any single test from the answer
-    breaks reproduction, so every test in it is needed.
-    """
-    items = list(candidates)
-    granularity = 2
-    while len(items) >= 2:
-        chunks = _split(items, granularity)
-        reduced = next((c for c in chunks if oracle(c)), None)
-        if reduced is not None:
-            items, granularity = reduced, 2
-            continue
-        if granularity > 2:
-            complement = next((comp for c in chunks if oracle(comp := _without(items, c))), None)
-            if complement is not None:
-                items, granularity = complement, max(granularity - 1, 2)
-                continue
-        if granularity >= len(items):
-            break
-        granularity = min(len(items), granularity * 2)
-    return items
-
-
-def _split(items: list[str], parts: int) -> list[list[str]]:
-    size, extra = divmod(len(items), parts)
-    chunks, start = [], 0
-    for i in range(parts):
-        end = start + size + (1 if i < extra else 0)
-        chunks.append(items[start:end])
-        start = end
-    return [c for c in chunks if c]
-
-
-def _without(items: list[str], chunk: list[str]) -> list[str]:
-    drop = set(chunk)
-    return [i for i in items if i not in drop]

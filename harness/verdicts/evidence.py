@@ -72,6 +72,7 @@ class Evidence:
     polluters: list[str] = field(default_factory=list)
     state_setters: list[str] = field(default_factory=list)
     unconfirmed: list[str] = field(default_factory=list)
+    cleaners: list[str] = field(default_factory=list)  # run between polluter and it: it passes
     concurrent: list[str] = field(default_factory=list)  # set only when parallel-unsafe holds
     collides_with: list[str] = field(default_factory=list)  # of `concurrent`: confirmed K times
     collect_error: str | None = None

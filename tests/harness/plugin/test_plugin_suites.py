@@ -38,6 +38,8 @@ def test_every_defect_has_a_suite() -> None:
         "capture_polluter", "cleaners", "collisions", "crash", "cuda_core_capture", "flaky",
         "frozen_config", "hang", "hidden_victims", "leftover_file", "neighbour_state",
         "ordinary", "polluter", "shared_dir",
+        # issue 25, `capsafe sweep --fix` (tests/harness/fix/test_fix_end_to_end.py)
+        "fix_attribute", "fix_brittle", "fix_cleaner", "fix_env", "fix_registry",
     }  # fmt: skip
 
 
@@ -58,6 +60,9 @@ def test_answer_key_names_collected_tests(name: str) -> None:
         partners = set(expect.get("collides_with", []))
         assert partners <= set(ids) - {nodeid}
         assert not partners or expect["classification"] == "parallel-unsafe"
+        cleaners = set(expect.get("cleaners", []))  # the fix suites' (issue 25)
+        assert cleaners <= set(ids) - {nodeid} - set(expect["polluters"])
+        assert expect.get("fix_source", "idiom") in ("idiom", "cleaner", "state-setter")
 
 
 @pytest.mark.parametrize("name", ["polluter", "brittle", "frozen_config", "leftover_file"])

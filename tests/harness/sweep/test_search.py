@@ -9,14 +9,8 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from capsafe_harness.sweep.search import (
-    CountingOracle,
-    bisect,
-    capped_ddmin,
-    ddmin,
-    grouped,
-    search,
-)
+from capsafe_harness.fix.delta import bisect, capped_ddmin, ddmin
+from capsafe_harness.sweep.search import CountingOracle, grouped, search
 
 
 def needs(

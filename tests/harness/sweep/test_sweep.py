@@ -76,7 +76,7 @@ def test_all_passing_suite_exits_0_and_writes_every_report(tmp_path: Path) -> No
         "nodeid", "classification", "runs", "failures", "flake_rate", "flake_rate_ci",
         "isolation_runs", "isolation_failures", "polluters", "state_setters", "signals", "replay",
         "why", "unconfirmed", "message", "concurrent", "detection_chance", "capture",
-        "collides_with",
+        "collides_with", "cleaners", "fix",
     }  # fmt: skip
     assert summary["tests"][0]["nodeid"] == "test_ok.py::test_ok[0]"
     assert (tmp_path / "reports" / "history.csv").read_text().count("test_ok.py::test_ok") == 5

@@ -50,6 +50,7 @@ out = "reports/nightly"
 baseline = "quarantine.txt"
 junitxml = "reports/junit.xml"
 no-progress = true
+fix = true
 pytest-args = ["-m", "not slow"]
 """
 
@@ -68,6 +69,7 @@ def test_table_gives_every_default(
     assert o.baseline == frozenset({"tests/test_x.py::test_x"})
     assert o.junitxml == (project / "reports" / "junit.xml").resolve()
     assert o.progress is False
+    assert o.fix is True  # the fixing phase, a project's default (issue 25)
     assert o.pytest_args == ("-m", "not slow")
     assert f"config={project / 'pyproject.toml'} [tool.capsafe]" in capsys.readouterr().err
 
@@ -91,7 +93,7 @@ def test_no_table_changes_nothing(project: Path, started: list[SweepOptions]) ->
     (project / "pyproject.toml").write_text("[project]\nname = 'x'\n")
     assert main(["sweep", "--out", str(project / "o")]) == 130
     (o,) = started
-    assert (o.runs, o.timeout, o.isolation_runs, o.pytest_args) == (5, 60.0, 3, ())
+    assert (o.runs, o.timeout, o.isolation_runs, o.pytest_args, o.fix) == (5, 60.0, 3, (), False)
 
 
 @pytest.mark.parametrize(

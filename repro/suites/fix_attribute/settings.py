@@ -1,0 +1,3 @@
+"""Module-level settings: an attribute the polluter rebinds and never restores."""
+
+DEBUG = False
