@@ -24,6 +24,14 @@ OPEN_ENDED = frozenset({"searches"})  # phases whose work is found as they go: n
 FORMAT = "{desc}: {n_fmt}/{total_fmt} tests |{bar}| {percentage:3.0f}% [{elapsed}{postfix}]"
 
 
+class _Bar(tqdm):  # type: ignore[misc]
+    """tqdm without its monitor thread: the sweep's own updates refresh the bar, and the
+    monitor outlives the bar by up to ten seconds, so a sweep made in a process that then
+    forks (a test of the fork server's checks) left a thread that read as a fork hazard."""
+
+    monitor_interval = 0
+
+
 class Progress:
     """The bar: `phase(name)` as a phase starts, `expect(n)` as jobs are queued, `add(n)` as
     a process starts n tests, `update(n)` as tests finish (from the executors' threads)."""
@@ -32,7 +40,7 @@ class Progress:
         self.stream = sys.stderr if stream is None else stream
         self.enabled = enabled and _is_terminal(self.stream)
         self._lock = threading.Lock()
-        self._bar: Any = tqdm(total=0, desc="capsafe sweep", unit="test", file=self.stream,
+        self._bar: Any = _Bar(total=0, desc="capsafe sweep", unit="test", file=self.stream,
                               disable=not self.enabled, leave=False, dynamic_ncols=True,
                               bar_format=FORMAT)  # fmt: skip
         self.name = ""

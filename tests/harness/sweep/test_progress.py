@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import threading
 
 from capsafe_harness.sweep.progress import Progress
 
@@ -73,3 +74,15 @@ def test_off_with_no_progress_on_a_terminal() -> None:
     bar.update(10)
     bar.close()
     assert terminal.getvalue() == ""
+
+
+def test_a_bar_starts_no_thread() -> None:
+    """tqdm's monitor thread outlived a sweep made in-process by up to ten seconds, and the
+    fork server's checks, run next in the same process, named it as a live thread."""
+    before = set(threading.enumerate())
+    for enabled in (False, True):
+        bar = Progress(enabled, stream=FakeTerminal())
+        bar.expect(3)
+        bar.update(1)
+        bar.close()
+    assert set(threading.enumerate()) <= before
