@@ -144,7 +144,7 @@ class Sweep:
         """The phases in order, each timed in phase_times (isolation holds the capture reruns
         and attribution). Collisions are sorted out before any order search (parallel).
         A shard leaves both to the merge."""
-        steps = [("collection", self.suite_runs.collect), ("runs", self._runs),
+        steps = [("collection", self.suite_runs.collect), ("runs", self.suite_runs.run),
                  ("isolation", self._isolation)]  # fmt: skip
         if self.no_searches:
             return steps
@@ -162,11 +162,6 @@ class Sweep:
         if chosen is None:
             return max(PHASE_BUDGET_MIN_S, PHASE_BUDGET_RUNS * self.clock.seconds.get("runs", 0))
         return None if chosen == math.inf else chosen
-
-    def _runs(self) -> None:
-        """The suite runs, with the replays' fork server starting beside them."""
-        self.runner.prestart_replays()
-        self.suite_runs.run()
 
     def _isolation(self) -> None:
         self.isolation.run(suite_run_s=self.suite_runs.mean_wall)

@@ -99,8 +99,9 @@ class SuiteRuns:
         o = self.options
         store = self.store
         if o.resume:
-            self._resume()
+            self._resume()  # before the server below writes into raw/: it clears raw/
         self.write_state()
+        self.runner.prestart_replays()  # its start-up and collection beside the runs
         seeds = run_seeds(o.seed, o.runs)
         todo = [k for k in self.numbers() if k not in store.runs_done]
         for i, k in enumerate(todo):
