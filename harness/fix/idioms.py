@@ -44,19 +44,28 @@ from .edit import (
     with_body,
 )
 from .locate import Found
+from .state_changes import (
+    MUTATORS,
+    Creations,
+    LocalClasses,
+    StateChanges,
+    assigned_names,
+    calls_other_than_paths,
+    code_of,
+    global_names,
+    is_class_of,
+    method_call,
+    module_source,
+    note_files,
+    subscript_key,
+    touches_env,
+)
 
 ENVIRON = "os.environ"
 MONKEYPATCH = "monkeypatch"
 STOPALL = "self.addCleanup(unittest.mock.patch.stopall)"
-MUTATORS = frozenset(
-    {"append", "extend", "insert", "add", "update", "setdefault", "pop", "popitem", "remove",
-     "clear", "discard", "register", "__setitem__", "__delitem__", "appendleft"}
-)  # fmt: skip
-"""Methods that change a container in place: called on module state, a leak."""
 PER_TEST_DIRS = frozenset({"tmp_path", "tmpdir"})
 """Fixtures that give each test a directory of its own: what a test creates there cannot leak."""
-WRITES = frozenset({"write_text", "write_bytes", "mkdir", "touch", "makedirs", "symlink_to"})
-"""Calls that create a file or directory: under a fixed path, one the next test sees."""
 
 
 @dataclass(frozen=True)
@@ -217,10 +226,6 @@ def _quote(module: cst.Module) -> str:
     return "'" if counter.single > counter.double else '"'
 
 
-def _code(node: cst.CSTNode) -> str:
-    return cst.Module([]).code_for_node(node)
-
-
 class _Planner:
     """Reads one polluter's top-level statements and plans their rewrite."""
 
@@ -241,9 +246,9 @@ class _Planner:
         self.notes: list[str] = []
         doc, body = body_of(polluter.function)
         self.p = _Plan(doc=doc, body=body)
-        self.globals = _globals(body)
+        self.globals = global_names(body)
         self.quote = _quote(polluter.module)
-        self.local = (set(polluter.params) | {"self"} | _assigned(body)) - self.globals
+        self.local = (set(polluter.params) | {"self"} | assigned_names(body)) - self.globals
         self.env_names = {ENVIRON} | {
             name
             for name, b in self.bindings.items()
@@ -260,9 +265,9 @@ class _Planner:
 
     def plan(self) -> _Plan:
         for stmt in self.p.body:
-            _note_files(stmt, self.notes, self.polluter.site.name)
+            note_files(stmt, self.notes, self.polluter.site.name)
             if not isinstance(stmt, cst.SimpleStatementLine):
-                self.p.env_other |= _touches_env(stmt, self.env_names)
+                self.p.env_other |= touches_env(stmt, self.env_names)
                 continue
             new = self._statement(stmt.body[0])
             if new is not None:
@@ -280,7 +285,7 @@ class _Planner:
         goes into a `finally`, so the test that fails between them does not leave X on
         (freezegun's test_min_and_max, failing after another test's reload, left time frozen
         for every test after it)."""
-        calls = [(i, _method_call(s)) for i, s in enumerate(self.p.body)]
+        calls = [(i, method_call(s)) for i, s in enumerate(self.p.body)]
         for i, (target, method) in calls:
             if method != "start" or not target:
                 continue
@@ -299,7 +304,7 @@ class _Planner:
         return self.p if self.p.what else None
 
     def _collects_its_classes(self) -> None:
-        found = _LocalClasses()
+        found = LocalClasses()
         for stmt in self.p.body:
             stmt.visit(found)
         outside = set(self.bindings) | self.globals
@@ -319,14 +324,14 @@ class _Planner:
         if self.unittest_style:
             owned = {"self"}
         allowed = owned | set(self.bindings) | {"self"}
-        found = _Creations()
+        found = Creations()
         for stmt in self.p.body:
             stmt.visit(found)
         for path, kind in found.created:
             names = names_used(path)
-            if not names & owned or not names <= allowed or _calls_other_than_paths(path):
+            if not names & owned or not names <= allowed or calls_other_than_paths(path):
                 continue
-            text = _code(path.with_changes(lpar=[], rpar=[]) if path.lpar else path)
+            text = code_of(path.with_changes(lpar=[], rpar=[]) if path.lpar else path)
             if kind == "dir":
                 self.p.imports.append(Import("shutil"))
                 undo = f"lambda: shutil.rmtree({text}, ignore_errors=True)"
@@ -346,10 +351,10 @@ class _Planner:
         """The text of `expr` when it names module state (not a local), else '': a dotted
         name, or a call of one (`decimal.getcontext()`: the object a module function hands
         out, as process-wide as the module)."""
-        if _is_class_of(expr):  # o.__class__, type(o): a class, shared even when o is not
-            return _code(expr)
+        if is_class_of(expr):  # o.__class__, type(o): a class, shared even when o is not
+            return code_of(expr)
         if isinstance(expr, cst.Call):
-            return _code(expr) if self.shared(expr.func) else ""
+            return code_of(expr) if self.shared(expr.func) else ""
         text = dotted(expr)
         head = text.split(".", 1)[0]
         if not text or head in self.local:
@@ -363,7 +368,7 @@ class _Planner:
         """The statements that replace `small` (pytest style), or None to leave it (unittest
         style keeps it and plans a restoring statement or decorator instead)."""
         if isinstance(small, cst.Assign) and len(small.targets) == 1:
-            return self._assign(small.targets[0].target, _code(small.value))
+            return self._assign(small.targets[0].target, code_of(small.value))
         if isinstance(small, cst.Del) and isinstance(small.target, cst.Subscript):
             return self._delete(small.target)
         if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
@@ -375,7 +380,7 @@ class _Planner:
     ) -> list[cst.BaseSmallStatement] | None:
         p, mp = self.p, MONKEYPATCH
         if isinstance(target, cst.Subscript):
-            key = _key(target)
+            key = subscript_key(target)
             if key is None:
                 return None
             if self.env(target.value):
@@ -409,7 +414,7 @@ class _Planner:
                 return [_expr(f"{patch}.start()")]
             p.what.append(f"sets {holder}.{attr} with monkeypatch.setattr")
             # A class's attribute a test adds (o.__class__.f = ...) did not exist before it.
-            raising = ", raising=False" if _is_class_of(target.value) else ""
+            raising = ", raising=False" if is_class_of(target.value) else ""
             return [_expr(f"{mp}.setattr({holder}, {self._q(attr)}, {value}{raising})")]
         if isinstance(target, cst.Name) and target.value in self.globals:
             name = target.value
@@ -423,7 +428,7 @@ class _Planner:
         return None
 
     def _delete(self, target: cst.Subscript) -> list[cst.BaseSmallStatement] | None:
-        key = _key(target)
+        key = subscript_key(target)
         if key is None:
             return None
         if self.env(target.value):
@@ -441,7 +446,7 @@ class _Planner:
     def _call(self, call: cst.Call) -> list[cst.BaseSmallStatement] | None:
         p, mp = self.p, MONKEYPATCH
         name = dotted(call.func)
-        args = [_code(a.value) for a in call.args]
+        args = [code_of(a.value) for a in call.args]
         plain = all(a.keyword is None and not a.star for a in call.args)
         if isinstance(call.func, cst.Attribute) and self.env(call.func.value):
             method = call.func.attr.value
@@ -454,13 +459,14 @@ class _Planner:
                 if len(elements) == len(pairs.elements):
                     p.what.append("sets the variables with monkeypatch.setenv")
                     return [
-                        _expr(f"{mp}.setenv({_code(e.key)}, {_code(e.value)})") for e in elements
+                        _expr(f"{mp}.setenv({code_of(e.key)}, {code_of(e.value)})")
+                        for e in elements
                     ]
             keywords = [a for a in call.args if a.keyword is not None]
             if method == "update" and keywords and len(keywords) == len(call.args):
                 p.what.append("sets the variables with monkeypatch.setenv")
                 return [
-                    _expr(f"{mp}.setenv({self._q(a.keyword.value)}, {_code(a.value)})")
+                    _expr(f"{mp}.setenv({self._q(a.keyword.value)}, {code_of(a.value)})")
                     for a in keywords
                     if a.keyword is not None
                 ]
@@ -540,28 +546,6 @@ class _Planner:
         return lines
 
 
-def _method_call(stmt: cst.BaseStatement) -> tuple[str, str]:
-    """(`x`, `m`) for a statement that is only the call `x.m()`, else ('', '')."""
-    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
-        small = stmt.body[0]
-        if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
-            func = small.value.func
-            if isinstance(func, cst.Attribute) and not small.value.args:
-                return dotted(func.value), func.attr.value
-    return "", ""
-
-
-def _is_class_of(expr: cst.BaseExpression) -> bool:
-    if isinstance(expr, cst.Attribute):
-        return expr.attr.value == "__class__"
-    return isinstance(expr, cst.Call) and dotted(expr.func) == "type" and len(expr.args) == 1
-
-
-def _key(target: cst.Subscript) -> str | None:
-    index = target.slice[0].slice if len(target.slice) == 1 else None
-    return _code(index.value) if isinstance(index, cst.Index) else None
-
-
 def _mutated_by(
     name: str,
     polluter: Found,
@@ -586,7 +570,7 @@ def _mutated_by(
         owner = bound.module
     else:
         return []
-    source = _module_source(module_name, polluter.site.path, root)
+    source = module_source(module_name, polluter.site.path, root)
     if source is None:
         return []
     try:
@@ -600,191 +584,6 @@ def _mutated_by(
     )
     if target is None:
         return []
-    found = _StateChanges(set(top))
+    found = StateChanges(set(top))
     target.body.visit(found)
     return [(owner, n, n in found.rebound) for n in sorted(found.changed | found.rebound)]
-
-
-class _StateChanges(cst.CSTVisitor):
-    """Module-level names a function mutates in place or rebinds through `global`."""
-
-    def __init__(self, top: set[str]) -> None:
-        self.top = top
-        self.declared: set[str] = set()
-        self.changed: set[str] = set()
-        self.rebound: set[str] = set()
-
-    def visit_Global(self, node: cst.Global) -> None:
-        self.declared |= {n.name.value for n in node.names}
-
-    def visit_Call(self, node: cst.Call) -> None:
-        func = node.func
-        if (
-            isinstance(func, cst.Attribute)
-            and func.attr.value in MUTATORS
-            and isinstance(func.value, cst.Name)
-            and func.value.value in self.top
-        ):
-            self.changed.add(func.value.value)
-
-    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-        target = node.target
-        if isinstance(target, cst.Name) and target.value in self.declared:
-            self.rebound.add(target.value)
-        if (
-            isinstance(target, cst.Subscript)
-            and isinstance(target.value, cst.Name)
-            and target.value.value in self.top
-        ):
-            self.changed.add(target.value.value)
-
-
-def _module_source(module_name: str, test_path: str, root: Path) -> str | None:
-    """The source of `module_name` as the test's process would import it from the suite:
-    beside the test file (pytest's rootdir-relative import) or from the rootdir."""
-    rel = module_name.replace(".", "/")
-    folder = (root / test_path).parent
-    for base in (folder, *folder.parents):
-        for candidate in (base / f"{rel}.py", base / rel / "__init__.py"):
-            if candidate.is_file():
-                return candidate.read_text(encoding="utf-8")
-        if base == root:
-            break
-    return None
-
-
-def _assigned(body: Sequence[cst.BaseStatement]) -> set[str]:
-    """Names the function body binds as plain names: its locals."""
-    out: set[str] = set()
-
-    class _Targets(cst.CSTVisitor):
-        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-            if isinstance(node.target, cst.Name):
-                out.add(node.target.value)
-            elif isinstance(node.target, cst.Tuple | cst.List):
-                out.update(names_used(node.target))
-
-        def visit_For(self, node: cst.For) -> None:
-            out.update(names_used(node.target))
-
-        def visit_AsName(self, node: cst.AsName) -> None:
-            out.update(names_used(node.name))
-
-    for stmt in body:
-        stmt.visit(_Targets())
-    return out
-
-
-def _globals(body: Sequence[cst.BaseStatement]) -> set[str]:
-    out: set[str] = set()
-    for stmt in body:
-        if isinstance(stmt, cst.SimpleStatementLine):
-            for small in stmt.body:
-                if isinstance(small, cst.Global):
-                    out |= {n.name.value for n in small.names}
-    return out
-
-
-def _touches_env(stmt: cst.CSTNode, env_names: set[str]) -> bool:
-    class _Env(cst.CSTVisitor):
-        found = False
-
-        def visit_Attribute(self, node: cst.Attribute) -> None:
-            if dotted(node) in env_names or dotted(node) in ("os.putenv", "os.unsetenv"):
-                self.found = True
-
-        def visit_Name(self, node: cst.Name) -> None:
-            if node.value in env_names:
-                self.found = True
-
-    finder = _Env()
-    stmt.visit(finder)
-    return finder.found
-
-
-def _note_files(stmt: cst.CSTNode, notes: list[str], test: str) -> None:
-    """Note a file or directory created under a fixed (string literal) path."""
-
-    class _Files(cst.CSTVisitor):
-        def visit_Call(self, node: cst.Call) -> None:
-            name = dotted(node.func)
-            last = name.rsplit(".", 1)[-1]
-            literal = _literal(node.args[0].value) if node.args else None
-            if last == "open" and literal and len(node.args) > 1:
-                mode = _literal(node.args[1].value) or ""
-                if any(c in mode for c in "wax"):
-                    notes.append(
-                        f"{test} writes {literal!r}, a fixed path: tmp_path would not leak"
-                    )
-            elif last in ("makedirs", "mkdir") and name.startswith("os.") and literal:
-                notes.append(f"{test} creates {literal!r}, a fixed path: tmp_path would not leak")
-            elif last in WRITES and isinstance(node.func, cst.Attribute):
-                inner = node.func.value
-                if isinstance(inner, cst.Call) and inner.args:
-                    path = _literal(inner.args[0].value)
-                    if path and dotted(inner.func).rsplit(".", 1)[-1] == "Path":
-                        notes.append(
-                            f"{test} creates {path!r}, a fixed path: tmp_path would not leak"
-                        )
-
-    stmt.visit(_Files())
-
-
-class _LocalClasses(cst.CSTVisitor):
-    """The bases (dotted) of the classes a test body defines."""
-
-    def __init__(self) -> None:
-        self.bases: list[str] = []
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        return False
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        self.bases += [dotted(b.value) for b in node.bases if dotted(b.value)]
-
-
-class _Creations(cst.CSTVisitor):
-    """(path expression, "file" or "dir") of each file or directory a test body creates."""
-
-    def __init__(self) -> None:
-        self.created: list[tuple[cst.BaseExpression, str]] = []
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        return False
-
-    def visit_Call(self, node: cst.Call) -> None:
-        func = node.func
-        mode = _literal(node.args[1].value) if len(node.args) > 1 else None
-        if isinstance(func, cst.Attribute):
-            method = func.attr.value
-            first = _literal(node.args[0].value) if node.args else None
-            if method in ("write_text", "write_bytes", "touch"):
-                self.created.append((func.value, "file"))
-            elif method == "mkdir":
-                self.created.append((func.value, "dir"))
-            elif method == "open" and first and any(c in first for c in "wax"):
-                self.created.append((func.value, "file"))
-        elif dotted(func) == "open" and mode and any(c in mode for c in "wax"):
-            self.created.append((node.args[0].value, "file"))
-
-
-def _calls_other_than_paths(expr: cst.BaseExpression) -> bool:
-    """Does building the path call anything but Path(...) or os.path.join(...)?"""
-
-    class _Calls(cst.CSTVisitor):
-        found = False
-
-        def visit_Call(self, node: cst.Call) -> None:
-            if not dotted(node.func).endswith(("Path", "path.join")):
-                self.found = True
-
-    finder = _Calls()
-    expr.visit(finder)
-    return finder.found
-
-
-def _literal(expr: cst.BaseExpression) -> str | None:
-    if isinstance(expr, cst.SimpleString):
-        value = expr.evaluated_value
-        return value if isinstance(value, str) else None
-    return None
