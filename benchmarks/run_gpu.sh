@@ -21,11 +21,11 @@ export CAPSAFE_KERNEL_CACHE_DIR=${CAPSAFE_KERNEL_CACHE_DIR:-$(mktemp -d)}
 PY=${PYTHON:-python3}
 failed=()
 
-step() {  # step NAME COMMAND...: run, log to $OUT/NAME.log, remember failures
+step() {  # [STEP_TIMEOUT=S] step NAME COMMAND...: run (300 s at most), log to $OUT/NAME.log
     local name=$1; shift
     [[ -z ${STEPS:-} || $name =~ ^(${STEPS})$ ]] || return 0  # STEPS='a|b.*': only those
     echo "=== $name: $*"
-    if ! timeout 300 "$@" >"$OUT/$name.log" 2>&1; then failed+=("$name"); fi
+    if ! timeout "${STEP_TIMEOUT:-300}" "$@" >"$OUT/$name.log" 2>&1; then failed+=("$name"); fi
     tail -n 4 "$OUT/$name.log"
 }
 
@@ -62,6 +62,15 @@ step sweep_capture bash -c 'capsafe sweep repro/suites/capture --runs 2 --worker
 # CuPy 14.2's own graph and stream tests (the lead copies them to .gpu/): one plain pytest
 # run, the sweep with and without --neighbors 2; the last line is the wall-time ratio.
 step cupy_sweep $PY benchmarks/cupy_sweep.py --suite .gpu/cupy-v14.2.0 --out "$OUT"
+# The wider slice (issue 20): five more of CuPy's cuda_tests files beside the two, memory and
+# pool tests among them, copied from the tag (`git show v14.2.0:tests/cupy_tests/cuda_tests/F`);
+# --neighbors 2 only. test_thread_safe waits forever for a second GPU on a one-GPU host.
+slice=(graph stream memory device driver runtime pinned_memory)
+slice=("${slice[@]/#/tests/cupy_tests/cuda_tests/test_}")
+STEP_TIMEOUT=480 step cupy_more $PY benchmarks/cupy_sweep.py --suite .gpu/cupy-v14.2.0 \
+    --out "$OUT/cupy_more" --neighbors-only --timeout 20 --sweep-limit 400 --limit 100 --jobs 4 \
+    --deselect tests/cupy_tests/cuda_tests/test_device.py::TestDeviceSwitch::test_thread_safe \
+    --files "${slice[@]/%/.py}"
 # Integrations (docs/integrations.md): CuPy's own graph and stream tests (.gpu/cupy-v14.2.0) and
 # the cuda_core_capture suite, without and with --capsafe-protect. `same` steps: without
 # neighbours the outcomes must be identical with and without capsafe; `protect` steps: every

@@ -88,6 +88,8 @@ class ParallelCheck:
             ev = self.store.ev(nodeid)
             if ev.ever_failed_alone or not ev.isolation_runs or ev.capture.suspect:
                 continue
+            if ev.leak_victim:  # a capture left open in its own process: not a collision
+                continue
             if all(fold.concurrent_with(every, a) for a in fails):
                 found.append(nodeid)
         return found

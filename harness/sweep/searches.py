@@ -20,7 +20,7 @@ from ..records import Signal
 from ..report.summary import SearchRecord
 from ..verdicts import fold
 from ..verdicts.evidence import VERIFY_TIMES
-from . import search
+from . import leaks, search
 from .capture_sweep import CapturePhases
 from .host import BudgetSpent, Host
 from .isolation import Isolation
@@ -70,7 +70,8 @@ class Searches:
         for nodeid, ev in sorted(self.store.evidence.items()):
             if not ev.isolation_runs or self.capture.capture_unsafe(nodeid):
                 continue
-            if ev.failures and not ev.ever_failed_alone:
+            if ev.failures and (not ev.ever_failed_alone
+                                or ev.failed_alone_only_beside_neighbours):  # fmt: skip
                 jobs.append(("polluter", nodeid))
             elif ev.always_failed_alone:  # failed in a suite run, or only alone (brittle)
                 jobs.append(("state-setter", nodeid))
@@ -139,6 +140,8 @@ class Searches:
         """Try the prefixes most likely to hold the cause, stop at the first that reproduces
         and verifies; then try the cause on other tests (returned as trial jobs)."""
         want_failed = kind == "polluter"
+        if want_failed and self.store.ev(nodeid).leak_victim:
+            return self._leak(nodeid)
         tried: list[list[str]] = []
         replays, candidates, capped = 0, 0, False
         with self.store.lock:
@@ -177,6 +180,34 @@ class Searches:
             )
         if want_failed:
             self.parallel.check(nodeid)
+        return []
+
+    def _leak(self, nodeid: str) -> list[Job]:
+        """A leak victim's cause: the tests its suite runs saw leave a capture open before
+        it, each confirmed by replays in which it left its capture open again
+        (harness.sweep.leaks). Nothing else is searched: its failure is in its own process."""
+        with self.store.lock:
+            found = leaks.candidates(self.store.run_attempts, nodeid)
+        seed, spent = self._first_seed(), 0
+        for leaker in found:
+            try:
+                verified, replays = leaks.confirm(self.host, leaker, nodeid, seed)
+            except BudgetSpent:
+                self.host.note(f"budget spent confirming the capture {leaker} left open "
+                               f"as the cause of {nodeid}")  # fmt: skip
+                self.store.ev(nodeid).budget_cut = True
+                break
+            spent += replays
+            if verified:
+                with self.store.lock:
+                    self.store.ev(nodeid).polluters = [leaker]
+                    self.store.causes.append(("polluter", (leaker,)))
+                self._record(SearchRecord(nodeid, "polluter", len(found), 0, spent, [leaker],
+                                          True, False))  # fmt: skip
+                return []
+        with self.store.lock:
+            self.store.ev(nodeid).unconfirmed = found
+        self._record(SearchRecord(nodeid, "polluter", len(found), 0, spent, [], False, False))
         return []
 
     def _verify(

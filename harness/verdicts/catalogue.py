@@ -84,9 +84,15 @@ def _parallel_unsafe(e: Evidence, _not_run: str) -> str:
 
 def _order_dependent(e: Evidence, _not_run: str) -> str:
     text = f"fails after {' + '.join(e.polluters)} ({K} of {K}); failed {_alone(e)}; {_ran(e)}"
-    if e.leak_victim:
-        return (f"{text}; it began no capture and failed with a capture error: "
-                f"{' + '.join(e.polluters)} left a capture open")  # fmt: skip
+    if not e.leak_victim:
+        return text
+    text += (f"; it began no capture and failed with a capture error: "
+             f"{' + '.join(e.polluters)} left a capture open")  # fmt: skip
+    if e.failed_alone_only_beside_neighbours:
+        text += ("; its failures alone were all beside neighbour threads, none without them: "
+                 "it also reads process-wide state they change")  # fmt: skip
+        if e.thread_unsafe is not None:
+            text += f" (marked thread_unsafe: {e.thread_unsafe})"
     return text
 
 
@@ -143,8 +149,11 @@ CATALOGUE: tuple[Class, ...] = (
     Class(Verdict.ORDER_DEPENDENT, 3, "#8250df", "fails after a polluter, passes alone",
           "`test_registry_empty` fails after `test_register`",
           "never failed alone; fails after its polluter(s) K of K times with no other "
-          "process alive",
-          lambda e: not e.ever_failed_alone and bool(e.polluters),
+          "process alive (a test that ran into a capture another test left open: in K "
+          "replays in which that test left it open again, and never alone without "
+          "neighbour threads)",
+          lambda e: (not e.ever_failed_alone or e.failed_alone_only_beside_neighbours)
+          and bool(e.polluters),
           _order_dependent),
     Class(Verdict.NEIGHBOUR_SENSITIVE, 6, "#9a6700", "fails only beside neighbour threads",
           "`test_pool_bytes` asserts the pool's byte count, which neighbours' allocations move",

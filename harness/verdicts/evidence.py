@@ -109,3 +109,11 @@ class Evidence:
     @property
     def always_failed_alone(self) -> bool:
         return self.isolation_runs > 0 and self.isolation_failures == self.isolation_runs
+
+    @property
+    def failed_alone_only_beside_neighbours(self) -> bool:
+        """A leak victim that failed alone only in the reruns with neighbour threads: those
+        failures read state the threads change (a pool's byte count), and say nothing
+        against the capture another test left open, which alone there is none of."""
+        return (self.ever_failed_alone and self.leak_victim
+                and self.capture.passed_without_neighbors)  # fmt: skip
