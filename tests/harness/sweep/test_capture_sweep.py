@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -17,6 +17,7 @@ from capsafe.integrations import NAMES
 from capsafe_harness.plugin import phase_times
 from capsafe_harness.plugin.protect import FRAMEWORKS
 from capsafe_harness.records import Signal
+from capsafe_harness.sweep import capture_sweep
 from capsafe_harness.sweep.capture_sweep import CapturePhases, neighbor_args, protect_choice
 from capsafe_harness.sweep.host import Replayed
 from capsafe_harness.sweep.options import SweepError
@@ -328,3 +329,41 @@ def test_protected_reruns_that_run_no_test_give_no_verdict(
     assert fields["protection"] == (
         "with protection (cupy): the protected reruns did not run it (see the notes)"
     )
+
+
+class ScriptedHost(FakeHost):
+    """Answers every replay with the attempts a script gives for its sequence."""
+
+    def __init__(self, answer: Callable[[Sequence[str]], list[Attempt]]) -> None:
+        super().__init__()
+        self.answer = answer
+        self.sequences: list[tuple[str, ...]] = []
+
+    def replay(
+        self, sequence: Sequence[str], *, seed: int | None, kind: str,
+        extra: Sequence[str] = (), exclusive: bool = False, group: object = None,
+    ) -> Replayed:  # fmt: skip
+        self.sequences.append(tuple(sequence))
+        return Replayed(kind, {a.nodeid: a for a in self.answer(sequence)}, 0, True, Path("log"))
+
+
+def test_an_attribution_process_runs_each_test_several_times() -> None:
+    # A short capture window: one try per kind per round missed it on the H200.
+    host = ScriptedHost(lambda seq: [attempt(n, False) for n in dict.fromkeys(seq)])
+    outcomes = capture_sweep.attribute(cast(Any, host), ["ctx_sync"], ["a", "b"], seed=1)
+    reps = capture_sweep.ATTRIBUTION_REPEATS
+    assert host.sequences == [("a",) * reps + ("b",) * reps]
+    assert outcomes == {"a": False, "b": False}
+
+
+def test_a_break_after_another_tests_capture_was_left_open_is_no_evidence() -> None:
+    def answer(seq: Sequence[str]) -> list[Attempt]:
+        leaker = Attempt("a", "r", True, IN_WINDOW, "main", 1, 0, 0.0, None, "",
+                         capture_sites=("t.py:7",), left_open=("t.py:7",))  # fmt: skip
+        after = Attempt("b", "r", True, IN_WINDOW, "main", 1, 3, 0.0, None, "",
+                        capture_sites=("t.py:9",))  # fmt: skip
+        return [after, leaker]
+
+    outcomes = capture_sweep.attribute(cast(Any, ScriptedHost(answer)), ["ctx_sync"],
+                                       ["a", "b"], seed=1)  # fmt: skip
+    assert outcomes == {"a": True, "b": None}
