@@ -96,15 +96,17 @@ def attribute(
 def _outcomes(tests: Sequence[str], found: dict[str, Attempt]) -> attr.Outcomes:
     """Per test of an attribution process: broke (failed inside its own capture window),
     survived (passed), or no evidence (did not run, or failed some other way). A failure
-    after another test of the process left a capture open is no evidence either: that
-    capture, not this kind of call, may be what its own capture ran into."""
+    after another test of the process left a GLOBAL capture open is no evidence either:
+    that capture, not this kind of call, may be what its own capture ran into. One left
+    open in another mode fails only other threads' synchronizing calls (the H200's
+    left-open rows): new captures on other streams begin and end beside it."""
     outcomes: attr.Outcomes = dict.fromkeys(tests)
     leaked = False
     for attempt in sorted(found.values(), key=lambda a: a.index):
         if attempt.nodeid in outcomes:
             broke = capture_failure(attempt) and not leaked
             outcomes[attempt.nodeid] = True if broke else None if attempt.failed else False
-        leaked = leaked or bool(attempt.left_open)
+        leaked = leaked or attempt.left_global_open
     return outcomes
 
 

@@ -49,6 +49,8 @@ class Attempt:
     gpu: str = ""  # the one device its process was pinned to, "" if none
     capture_sites: tuple[str, ...] = ()  # where it began captures (file:line), in order
     left_open: tuple[str, ...] = ()  # of those, the ones still open when it ended
+    left_global_open: bool = False  # one of those captured in GLOBAL mode: every later
+    # capture of the process then fails its allocations, whatever the neighbours do
     thread_unsafe: str | None = None  # pytest-run-parallel's thread_unsafe marker's reason
 
     @property
@@ -168,6 +170,7 @@ def _fold(rows: list[Record], died: RunOutcome | None) -> Attempt:
         gpu=next((r["gpu"] for r in rows if r.get("gpu")), ""),
         capture_sites=tuple(c["site"] for c in captures),
         left_open=tuple(c["site"] for c in captures if c["open"]),
+        left_global_open=any(c["open"] and c.get("mode") == "global" for c in captures),
         thread_unsafe=marked,
     )
 

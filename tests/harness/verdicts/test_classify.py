@@ -309,6 +309,7 @@ def test_an_attempt_knows_its_captures_and_a_leak_victim() -> None:
     found = attempts([*leaker, *victim])
     a, b = found[("run-1", "a")], found[("run-1", "b")]
     assert (a.capture_sites, a.left_open, a.leak_victim) == (("t.py:4",), ("t.py:4",), False)
+    assert a.left_global_open and not b.left_global_open
     assert (b.capture_sites, b.leak_victim, b.thread_unsafe) == ((), True, "reads the pool")
 
 
