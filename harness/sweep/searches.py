@@ -257,6 +257,9 @@ class Searches:
         their own order, so a victim needing a third polluter from its own module shows
         there too; and a polluter's module mirrors. Cleaners hide victims from shuffled
         runs, and a test that never failed may be one."""
+        if any(self.capture.capture_unsafe(c) for c in culprits):
+            return []  # what it leaves depends on a neighbour breaking its capture, which a
+            # screen would replay by chance: its other victims are those the runs show
         first = self._claim_modules(kind, culprits)
         pairs: list[Job] = [("pairs", kind, *culprits, "")] if first else []
         if kind != "polluter":

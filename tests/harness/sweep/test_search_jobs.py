@@ -320,3 +320,20 @@ def test_a_screen_hit_is_searched_even_while_another_causes_trial_holds_it(
     host.pool("", [("trial", "polluter", P, W3), ("trial", "polluter", PADS[0], W3)],
               searches._job)  # fmt: skip
     assert store.ev(W3).polluters == [P, G0]
+
+
+def test_a_capture_unsafe_polluter_gets_no_pair_screen(tmp_path: Path) -> None:
+    # Issue 20: what a capture-unsafe test leaves depends on a neighbour breaking its
+    # capture, which a pair or module screen would replay by chance (on the H200 the
+    # CuPy slice's screens of two such tests took most of a 245 s search phase).
+    store = store_after_runs(tmp_path, [[P, V1, *PADS], [V2, *PADS, P]])
+    unsafe = store.ev(P).capture
+    unsafe.capture_failures, unsafe.control_runs = 1, 2
+    searches = searches_over(store, host := ModelHost())
+    searches.run()
+    assert store.ev(V1).polluters == [P]
+    assert not [kind for kind, _ in host.asked if kind in ("pairs", "screen")]
+    unsafe.capture_failures = 0  # the same cause, not capture-unsafe: screened
+    store2 = store_after_runs(tmp_path / "2", [[P, V1, *PADS], [V2, *PADS, P]])
+    searches_over(store2, host2 := ModelHost()).run()
+    assert [kind for kind, _ in host2.asked if kind == "pairs"]
