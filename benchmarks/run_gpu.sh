@@ -67,8 +67,8 @@ step cupy_sweep $PY benchmarks/cupy_sweep.py --suite .gpu/cupy-v14.2.0 --out "$O
 # --neighbors 2 only. test_thread_safe waits forever for a second GPU on a one-GPU host.
 slice=(graph stream memory device driver runtime pinned_memory)
 slice=("${slice[@]/#/tests/cupy_tests/cuda_tests/test_}")
-STEP_TIMEOUT=480 step cupy_more $PY benchmarks/cupy_sweep.py --suite .gpu/cupy-v14.2.0 \
-    --out "$OUT/cupy_more" --neighbors-only --timeout 20 --sweep-limit 400 --limit 100 --jobs 4 \
+STEP_TIMEOUT=420 step cupy_more $PY benchmarks/cupy_sweep.py --suite .gpu/cupy-v14.2.0 \
+    --out "$OUT/cupy_more" --neighbors-only --timeout 20 --sweep-limit 360 --limit 100 --jobs 6 \
     --deselect tests/cupy_tests/cuda_tests/test_device.py::TestDeviceSwitch::test_thread_safe \
     --files "${slice[@]/%/.py}"
 # Integrations (docs/integrations.md): CuPy's own graph and stream tests (.gpu/cupy-v14.2.0) and
