@@ -104,10 +104,13 @@ class ForkedProcess(WatchedProcess):
         launch: Launch,
         env: Mapping[str, str],
         on_refused: Callable[[str], None],
+        collect: tuple[str, ...] = (),
     ) -> None:
+        """`collect`: paths of modules the server left out, for the child to collect."""
         super().__init__(launch.cmd, launch.cwd, env, launch.records, launch.log,
                          launch.stall_limit)  # fmt: skip
         self.server, self.replay, self.on_refused = server, replay, on_refused
+        self.collect = collect
         self.overrides = dict(launch.env)  # what the sweep sets: the server has it already
         self.forked = False
 
@@ -128,6 +131,7 @@ class ForkedProcess(WatchedProcess):
             protect=self.replay.protect,
             watch_env=self.replay.watch_env,
             argv=tuple(self.cmd[len(PYTEST) + 1 :]),  # a fresh `python -m pytest ARGS`'s
+            collect=self.collect,
         )
         try:
             self.proc = self.server.submit(job)
@@ -172,7 +176,8 @@ class ForkExecutor(LocalExecutor):
         self._servers: dict[tuple[object, ...], ForkServer | None] = {}
         self._starting: dict[tuple[object, ...], threading.Lock] = {}
         self._spawned: list[ForkServer] = []  # every server launched, collecting or serving
-        self.unforkable: dict[str, str] = {}  # module node id -> why its replays run fresh
+        self.unforkable: dict[str, str] = {}  # module node id -> why the server left it out
+        self.unforkable_paths: dict[str, str] = {}  # module node id -> its path
         self._closing = False
         self._count = threading.Lock()
 
@@ -189,8 +194,6 @@ class ForkExecutor(LocalExecutor):
     def watched(self, launch: Launch, env: Mapping[str, str]) -> WatchedProcess:
         replay = split_replay(launch.cmd)
         server = self._server(launch, replay, env) if replay is not None else None
-        if server is not None and replay is not None and self._in_unforkable(replay):
-            server = None  # its server left that module out: a fresh process collects it
         if replay is None or server is None:
             if replay is not None:
                 self._counted(fresh=1)
@@ -202,15 +205,17 @@ class ForkExecutor(LocalExecutor):
                 self.refusals.setdefault(f"{launch.cwd}, before a fork", reason)  # the first
 
         self._counted(forked=1)
-        return ForkedProcess(server, replay, launch, env, refused)
+        return ForkedProcess(server, replay, launch, env, refused, self._left_out(replay))
 
-    def _in_unforkable(self, replay: Replay) -> bool:
+    def _left_out(self, replay: Replay) -> tuple[str, ...]:
+        """The paths of the modules its server left out that the replay runs tests of: its
+        child collects them itself, after the fork, where their import may initialise CUDA."""
         with self._count:
-            modules = set(self.unforkable)
-        if not modules:
-            return False
-        return any(nodeid.split("::", 1)[0] in modules
-                   for nodeid in order.read_replay(replay.replay_file))  # fmt: skip
+            paths = dict(self.unforkable_paths)
+        if not paths:
+            return ()
+        wanted = {nodeid.split("::", 1)[0] for nodeid in order.read_replay(replay.replay_file)}
+        return tuple(path for module, path in sorted(paths.items()) if module in wanted)
 
     def _counted(self, *, forked: int = 0, fresh: int = 0) -> None:
         with self._count:
@@ -243,6 +248,7 @@ class ForkExecutor(LocalExecutor):
                     if refused.module and len(left_out) < MAX_LEFT_OUT:
                         with self._count:
                             self.unforkable[refused.module] = refused.reason
+                            self.unforkable_paths[refused.module] = refused.path
                         left_out.append(refused.path)
                         # pytest's --ignore passes over a file given as a target: drop it there
                         targets = [t for t in targets if not _same_file(launch.cwd / t,
@@ -272,8 +278,8 @@ class ForkExecutor(LocalExecutor):
         """Lines for the report: how many replays forked, and why any server refused."""
         with self._count:
             lines = [f"fork server: {self.forked} replay(s) forked, {self.fresh} run fresh"]
-            lines += [f"fork server: {module} initialises CUDA at import ({why}); its replays "
-                      "run fresh, the rest of the suite forks"
+            lines += [f"fork server: {module} initialises CUDA at import ({why}); the server "
+                      "leaves it out and each child that runs its tests collects it"
                       for module, why in sorted(self.unforkable.items())]  # fmt: skip
             lines += [f"fork server refused ({where}): {why}" for where, why in
                       sorted(self.refusals.items())]  # fmt: skip

@@ -18,7 +18,9 @@ and exit status. Module state is the state right after collection, copied on wri
 test that changes it in one child leaves the next child's copy as it was.
 
 What differs from a fresh process (docs/harness.md, "The fork server"):
-import-time side effects of the suite happen once, in the server, before any job
+import-time side effects of the suite happen once, in the server, before any job (but for
+a module whose import initialises CUDA: the server leaves it out, and a child that runs its
+tests collects it itself)
 (a file a module creates on import is shared by all jobs); the server collects every
 path of the suite where a fresh replay collects only the files of its tests; every
 child shares the server's hash seed (PYTHONHASHSEED); the child runs the atexit
@@ -110,16 +112,18 @@ class Job:
     protect: str | None = None  # --capsafe-protect: integrations installed in the child
     watch_env: str | None = None  # --capsafe-watch-env (None: the server's, the default)
     argv: tuple[str, ...] = ()  # sys.argv[1:] of the fresh process it stands for
+    collect: tuple[str, ...] = ()  # modules the server left out: the child collects them
 
     def to_json(self) -> str:
         return json.dumps({"op": "run", **self.__dict__, "nodeids": list(self.nodeids),
-                           "argv": list(self.argv)})  # fmt: skip
+                           "argv": list(self.argv), "collect": list(self.collect)})  # fmt: skip
 
     @classmethod
     def from_message(cls, message: dict[str, Any]) -> Job:
         fields = {k: v for k, v in message.items() if k != "op"}
         return cls(**{**fields, "nodeids": tuple(fields["nodeids"]),
-                      "argv": tuple(fields.get("argv", ()))})  # fmt: skip
+                      "argv": tuple(fields.get("argv", ())),
+                      "collect": tuple(fields.get("collect", ()))})  # fmt: skip
 
 
 class Server:
@@ -273,6 +277,8 @@ def _become(session: pytest.Session, job: Job) -> None:
     for name in JOB_PLUGINS:
         if manager.get_plugin(name) is not None:
             manager.unregister(name=name)
+    if job.collect:
+        _collect_left_out(session, job.collect)
     option = config.option
     option.capsafe_records, option.capsafe_run_id = job.records, job.run_id
     option.capsafe_seed = None if job.seed is None else str(job.seed)
@@ -294,6 +300,17 @@ def _become(session: pytest.Session, job: Job) -> None:
         session=session, config=config, items=session.items
     )
     manager.subset_hook_caller("pytest_collection_finish", others)(session=session)
+
+
+def _collect_left_out(session: pytest.Session, paths: Sequence[str]) -> None:
+    """Collect, here in the child, the modules the server left out because importing them
+    initialises CUDA (CuPy's test_memory.py asks the driver's version in its skip marks):
+    the child is a process of its own, so CUDA may start in it. Their items join the
+    server's; a file given as an argument is collected whatever `--ignore` says."""
+    served = list(session.items)
+    session.perform_collect(list(paths))
+    session.items = [*served, *session.items]
+    session.testscollected = len(session.items)
 
 
 def _import_session_end_modules(config: pytest.Config) -> None:
