@@ -7,11 +7,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from serial_host import SerialHost
 
 from capsafe.integrations import NAMES
 from capsafe_harness.plugin import phase_times
@@ -39,7 +39,7 @@ def attempt(nodeid: str, failed: bool, capture: bool = False, run: str = "r") ->
                    capture_sites=("t.py:7",) if capture else ())  # fmt: skip
 
 
-class FakeHost:
+class FakeHost(SerialHost):
     """Runs batches as the neighbours would break them: `cap` fails with a capture error
     under any kind in BREAKS, `always` fails every time, `plain` passes. With protection,
     only UNPROTECTABLE tests break (and BATCH_ONLY ones beside other tests)."""
@@ -48,7 +48,7 @@ class FakeHost:
         self.batches: list[tuple[tuple[str, ...], bool, tuple[str, ...]]] = []
         self.protected: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
         self.installed = installed
-        self.notes: list[str] = []
+        super().__init__()
 
     def frameworks(self) -> tuple[str, ...]:
         return self.installed
@@ -84,23 +84,6 @@ class FakeHost:
             failed = broke or t == "always"
             out[(kind, t)] = attempt(t, failed, capture=broke or t == "always", run=kind)
         return out
-
-    def pool(
-        self, desc: str, jobs: Sequence[Any], work: Callable[[Any, int], list[Any]],
-        target: Callable[[Any], str | None] | None = None,
-    ) -> None:  # fmt: skip
-        queue = list(jobs)
-        while queue:
-            queue += work(queue.pop(0), 0)
-
-    def only(self) -> AbstractContextManager[object]:
-        return nullcontext(object())
-
-    def budget_left(self) -> bool:
-        return True
-
-    def note(self, text: str) -> None:
-        self.notes.append(text)
 
 
 def phases_after_suite_runs() -> CapturePhases:

@@ -6,10 +6,11 @@ neighbour thread breaks a real capture by chance."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from itertools import cycle
 from pathlib import Path
 from typing import Any, cast
+
+from serial_host import SerialHost
 
 from capsafe_harness.records import Signal
 from capsafe_harness.sweep import leaks
@@ -35,11 +36,12 @@ def attempt(nodeid: str, run: str, index: int, *, failed: bool = False, leaves_o
     )  # fmt: skip
 
 
-class LeakHost:
+class LeakHost(SerialHost):
     """Replays `L V`: L leaves its capture open when the script says so; V fails with a
     capture error exactly when one is open (or never, with `victim_fails=False`)."""
 
     def __init__(self, script: Sequence[bool], victim_fails: bool = True) -> None:
+        super().__init__()
         self.script: Iterator[bool] = cycle(script)
         self.victim_fails = victim_fails
         self.asked: list[tuple[str, tuple[str, ...]]] = []
@@ -61,20 +63,6 @@ class LeakHost:
                 found[n] = attempt(n, label, i, failed=hit,
                                    signals=CAPTURE_ERROR if hit else frozenset())  # fmt: skip
         return Replayed(label, found, 0, True, Path("log"))
-
-    def pool(self, desc: str, jobs: Sequence[Any], work: Any, target: Any = None) -> None:
-        queue = list(jobs)
-        while queue:
-            queue += work(queue.pop(0), 0)
-
-    def only(self) -> AbstractContextManager[object]:
-        return nullcontext(object())
-
-    def budget_left(self) -> bool:
-        return True
-
-    def note(self, text: str) -> None:
-        pass
 
 
 def test_candidates_are_the_tests_that_left_a_capture_open_before_it_nearest_first() -> None:

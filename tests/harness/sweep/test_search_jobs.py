@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, cast
+
+from serial_host import SerialHost
 
 from capsafe_harness.records import Signal
 from capsafe_harness.sweep.capture_sweep import CapturePhases
@@ -47,13 +48,13 @@ def attempt(nodeid: str, failed: bool, run: str, index: int) -> Attempt:
     return Attempt(nodeid, run, failed, frozenset(), "main", 1, index, float(index), 1, "")
 
 
-class ModelHost:
+class ModelHost(SerialHost):
     """Replays sequences through `outcomes`, one job at a time, and keeps what it was asked."""
 
     def __init__(self, model: Model = outcomes) -> None:
         self.model = model
         self.asked: list[tuple[str, tuple[str, ...]]] = []
-        self.notes: list[str] = []
+        super().__init__()
 
     def replay(
         self, sequence: Sequence[str], *, seed: int | None, kind: str,
@@ -64,23 +65,6 @@ class ModelHost:
         done = self.model(sequence).items()
         found = {n: attempt(n, f, label, i) for i, (n, f) in enumerate(done)}
         return Replayed(label, found, 0, True, Path("log"))
-
-    def pool(
-        self, desc: str, jobs: Sequence[Any], work: Callable[[Any, int], list[Any]],
-        target: Callable[[Any], str | None] | None = None,
-    ) -> None:  # fmt: skip
-        queue = list(jobs)
-        while queue:
-            queue += work(queue.pop(0), 0)
-
-    def only(self) -> AbstractContextManager[object]:
-        return nullcontext(object())
-
-    def budget_left(self) -> bool:
-        return True
-
-    def note(self, text: str) -> None:
-        self.notes.append(text)
 
 
 def store_after_runs(
