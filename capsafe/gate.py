@@ -203,6 +203,7 @@ class CaptureGate(_GateWaiting):
         self._generation = getattr(self, "_generation", 0) + 1
         self._retired_entered = 0
         self._contended = self._capture_waits = self._bypassed = self._admitted = 0
+        self._capture_sleepers = 0
         self._captures = self._deferred_total = 0
         self._max_wait = 0.0
         self._bypassed_calls = Counter()
@@ -296,34 +297,56 @@ class CaptureGate(_GateWaiting):
         `exit()` did not change. Either way the section is closed and the exception
         raised on; nothing is added to the uncontended path but two attribute loads.
         """
-        enter, exit_, tls = self.enter, self.exit, self._tls
+        enter, exit_, tls, gate = self.enter, self.exit, self._tls, self
 
         def section(name: str | None, *args: Any, **kwargs: Any) -> Any:
+            # The uncontended outermost section inline, as `enter` and `exit` make it
+            # (publish the depth, then look at `closed`): stores only, so no signal lands
+            # in it, and no Python call of the gate's on the common path.
             try:
-                enter(name)
-            except BaseException as exc:
-                if raised_here(exc, enter):  # it landed after enter returned: the section is ours
-                    depth = tls.rec.depth
-                    try:
-                        exit_()
-                    except BaseException:
-                        if tls.rec.depth == depth:
+                rec: _Record | None = tls.rec
+            except AttributeError:
+                rec = None
+            if rec is not None and rec.depth == 0:
+                rec.depth = 1
+                if gate._closed:
+                    rec.depth = 0  # a capture holds or waits: `enter` decides (and wakes it)
+                    rec = None
+                else:
+                    rec.entered += 1
+            else:
+                rec = None
+            if rec is None:
+                try:
+                    enter(name)
+                except BaseException as exc:
+                    if raised_here(exc, enter):  # it landed after enter returned: ours
+                        depth = tls.rec.depth
+                        try:
                             exit_()
-                        raise
-                raise
+                        except BaseException:
+                            if tls.rec.depth == depth:
+                                exit_()
+                            raise
+                    raise
             try:
                 result = fn(*args, **kwargs)  # stored, not returned: see the finally below
             finally:
                 # Not reached by a `return` inside the try: CPython copies the finally
                 # body after that return's call, outside the try, where a signal would
                 # skip it.
-                depth = tls.rec.depth
-                try:
-                    exit_()
-                except BaseException:
-                    if tls.rec.depth == depth:  # it landed before exit() changed anything
+                if rec is not None and rec.depth == 1:  # entered inline: leave inline
+                    rec.depth = 0
+                    if gate._closed:
+                        gate._wake()
+                else:
+                    depth = tls.rec.depth
+                    try:
                         exit_()
-                    raise
+                    except BaseException:
+                        if tls.rec.depth == depth:  # it landed before exit() changed anything
+                            exit_()
+                        raise
             return result
 
         if classify is None:
@@ -357,7 +380,10 @@ class CaptureGate(_GateWaiting):
         appended to in the same step that registers it, so a caller whose code a
         signal interrupts right after this call returns still finds (and releases) it.
         """
-        rec = self._record()
+        try:
+            rec = self._tls.rec
+        except AttributeError:
+            rec = self._record()
         site = outer_site(sys._getframe(1))
         made: list[CaptureGuard] = [] if into is None else into
         try:
@@ -393,16 +419,28 @@ class CaptureGate(_GateWaiting):
             self._writers_waiting += 1
             self._closed = True
             try:
-                self._may_capture.notify_all()
-                self._wait_until(
-                    lambda: (
-                        self._owner is None
-                        and not self._grants_pending()
-                        and not self._blocking_records(rec)
-                    ),
-                    timeout,
-                    label,
-                )
+                # Ready at once, the common case, told without a call: no owner, and no
+                # other thread in a section or granted one (its record, scanned only now
+                # that `closed` is set). Anything else, the wait decides exactly.
+                ready = self._owner is None
+                if ready:
+                    for other in self._records:
+                        if other is not rec and (
+                            other.granted or (other.depth and not other.aside)
+                        ):
+                            ready = False
+                            break
+                if not ready:
+                    self._may_capture.notify_all()  # our sections are set aside now
+                    self._wait_until(
+                        lambda: (
+                            self._owner is None
+                            and not self._grants_pending()
+                            and not self._blocking_records(rec)
+                        ),
+                        timeout,
+                        label,
+                    )
             except BaseException:
                 rec.aside = False
                 rec.waiting = _NOT_WAITING
