@@ -40,6 +40,19 @@ TEARDOWN_MARK = b'"phase":"teardown"'  # one per finished test in a records file
 POLL_S = 0.05
 
 
+OUTER_PYTEST_VARIABLES = ("PYTEST_CURRENT_TEST", "PYTEST_XDIST_WORKER",
+                          "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID")  # fmt: skip
+"""What a pytest running the sweep (a test of it, under xdist) sets for its own process: a
+test process of the sweep inheriting them would look like an xdist worker of that outer
+run to its plugins (pytest-benchmark's "xdist active" warning, an error under a project's
+`filterwarnings = error`, refused every fork server of the project's own suite)."""
+
+
+def inherited_environ() -> dict[str, str]:
+    """The sweep's environment as its test processes start from it."""
+    return {k: v for k, v in os.environ.items() if k not in OUTER_PYTEST_VARIABLES}
+
+
 @dataclass(frozen=True)
 class Launch:
     """One pytest process the sweep wants run."""
@@ -229,7 +242,7 @@ class LocalExecutor:
     def execute(
         self, launch: Launch, on_tests: Callable[[int], None], stopping: threading.Event
     ) -> Exit:
-        proc = self.watched(launch, {**os.environ, **launch.env})
+        proc = self.watched(launch, {**inherited_environ(), **launch.env})
         try:
             with self._lock:
                 self._live.add(proc)

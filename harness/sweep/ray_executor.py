@@ -34,7 +34,15 @@ from pathlib import Path
 from typing import Any
 
 from ..plugin.gpus import VISIBLE, as_spec
-from .executor import SWEEP_SHARED_ENV, Chunk, Exit, Launch, WatchedProcess, teardowns
+from .executor import (
+    SWEEP_SHARED_ENV,
+    Chunk,
+    Exit,
+    Launch,
+    WatchedProcess,
+    inherited_environ,
+    teardowns,
+)
 from .options import SweepError
 
 RETRIES = 1  # runs of a lost task after the first
@@ -83,7 +91,7 @@ class RayExecutor:
         self, launch: Launch, on_tests: Callable[[int], None], stopping: threading.Event
     ) -> Exit:
         inputs = _inputs(launch)
-        env = {k: v for k, v in os.environ.items() if k not in _NOT_FORWARDED
+        env = {k: v for k, v in inherited_environ().items() if k not in _NOT_FORWARDED
                and not k.startswith("RAY_")} | dict(launch.env)  # fmt: skip
         counted = [0, 0]  # tests counted so far, by the attempts before and by this one
         notes: list[str] = []

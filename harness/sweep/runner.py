@@ -42,7 +42,14 @@ from ..plugin.collection import COLLECT_OUT_ENV, PLUGIN, Collected, read_collect
 from ..plugin.gpus import VISIBLE, as_spec
 from ..records import Record, load_records
 from ..verdicts import fold
-from .executor import SWEEP_SHARED_ENV, SWEEP_TMP_ENV, Executor, Launch, LocalExecutor
+from .executor import (
+    SWEEP_SHARED_ENV,
+    SWEEP_TMP_ENV,
+    Executor,
+    Launch,
+    LocalExecutor,
+    inherited_environ,
+)
 from .executors import make_executor
 from .fork_executor import ForkExecutor
 from .optional_plugins import quiet_plugin_args
@@ -304,7 +311,7 @@ class Runner:
         log = self.raw / "collect.log"
         cmd = [sys.executable, "-m", "pytest", *self.targets(), "--collect-only", "-q",
                "-p", PLUGIN, "-p", "no:cacheprovider", *self.options.pytest_args]  # fmt: skip
-        env = {**os.environ, COLLECT_OUT_ENV: str(found)}
+        env = {**inherited_environ(), COLLECT_OUT_ENV: str(found)}
         with open(log, "wb") as out:
             done = subprocess.run(
                 cmd, cwd=self.cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
@@ -408,7 +415,7 @@ class Runner:
         env = {SWEEP_SHARED_ENV: str(self.shared)}
         launch = Launch(label, tuple(cmd), self.cwd, env, self.raw / label,
                         self.raw / f"{label}.log", self.stall_limit, ())  # fmt: skip
-        self.executor.prestart(launch, {**os.environ, **env})
+        self.executor.prestart(launch, {**inherited_environ(), **env})
 
     def _default_executor(self) -> Executor:
         """Local replays are forked from a fork server unless --fresh-processes (or Ray)."""

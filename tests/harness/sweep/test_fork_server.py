@@ -23,7 +23,11 @@ import pytest
 from capsafe_harness.plugin import order
 from capsafe_harness.records import Record, load_records
 from capsafe_harness.sweep import fork_checks
-from capsafe_harness.sweep.executor import LocalExecutor
+from capsafe_harness.sweep.executor import (
+    OUTER_PYTEST_VARIABLES,
+    LocalExecutor,
+    inherited_environ,
+)
 from capsafe_harness.sweep.fork_client import ForkServer, Refused
 from capsafe_harness.sweep.fork_executor import ForkExecutor, split_replay
 from capsafe_harness.sweep.fork_server import Job
@@ -777,3 +781,16 @@ def test_only_single_process_replays_are_split_for_a_server() -> None:
     assert (split.neighbors, split.neighbor_calls) == (0, "ctx_sync")  # the last one wins
     assert split_replay([*base, *job_args, "-n=2"]) is None  # xdist workers: a suite run
     assert split_replay([*base, *job_args[:2], "-p", "no:xdist"]) is None  # not a replay
+
+
+def test_a_sweep_run_inside_pytest_gives_its_processes_none_of_that_pytests_variables(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Inherited PYTEST_XDIST_WORKER made pytest-benchmark warn "xdist active" in every
+    fork server of our own suite's sweeps, an error under `filterwarnings = error`."""
+    for name in OUTER_PYTEST_VARIABLES:
+        monkeypatch.setenv(name, "gw9")
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-v")  # the user's own settings pass
+    found = inherited_environ()
+    assert not set(OUTER_PYTEST_VARIABLES) & set(found)
+    assert found["PYTEST_ADDOPTS"] == "-v"
