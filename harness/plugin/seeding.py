@@ -13,10 +13,11 @@ Imported by the plugin in every test process that has a seed: stdlib only.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import random
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 
 ENTRY_POINT_GROUP = "pytest_randomly.random_seeder"
@@ -35,8 +36,13 @@ def seed32(seed: int) -> int:
             return folded
 
 
-def registered_seeders() -> tuple[list[Seeder], list[str]]:
-    """The functions of the entry point group, and one line per entry point that failed to load."""
+@functools.cache
+def registered_seeders() -> tuple[tuple[Seeder, ...], tuple[str, ...]]:
+    """The functions of the entry point group, and one line per entry point that failed to load.
+
+    Read once per process: importlib.metadata scans every installed distribution for it,
+    15-50 ms that a forked replay's first test paid in its setup until the fork server
+    read it before forking (harness.sweep.fork_server)."""
     seeders: list[Seeder] = []
     problems: list[str] = []
     for point in entry_points(group=ENTRY_POINT_GROUP):
@@ -44,13 +50,13 @@ def registered_seeders() -> tuple[list[Seeder], list[str]]:
             seeders.append(point.load())
         except Exception as exc:  # a broken third-party seeder: skip it, say so once
             problems.append(f"{ENTRY_POINT_GROUP} entry point {point.value}: {exc}")
-    return seeders, problems
+    return tuple(seeders), tuple(problems)
 
 
 class Reseeder:
     """Reseeds `random`, numpy (when imported) and registered seeders from one per-test seed."""
 
-    def __init__(self, seeders: list[Seeder]) -> None:
+    def __init__(self, seeders: Sequence[Seeder]) -> None:
         self.seeders = seeders
 
     def __call__(self, seed: int) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd  # type: ignore[import-untyped]
 
-from ..records import OUTCOMES, Record
+from ..records import OUTCOMES, Outcome, Record
 from ..verdicts import fold
 from ..verdicts.catalogue import Verdict
 from .summary import TestVerdict
@@ -46,25 +46,55 @@ def outcomes_by_test(rows: Iterable[Record], ends: Iterable[fold.RunOutcome] = (
     distinct [variable, before, after] it left changed. `ends`: how the processes ended
     (a test its process died in failed, whatever its rows say).
     """
-    said_rows = []  # only rows with a message or a leak: one pass, never every row at once
+    said: list[dict[str, Any]] = []  # only rows with a message or a leak: one pass, never every row
 
     def kept(rows: Iterable[Record]) -> Iterator[Record]:
         for r in rows:
-            if r.get("message") or r.get("env_leak"):
-                said_rows.append({k: r.get(k) for k in _RECORD_COLUMNS})
+            row = said_row(r)
+            if row is not None:
+                said.append(row)
             yield r
 
-    folded = fold.attempt_outcomes(kept(rows), ends)
-    frame = pd.DataFrame.from_records(said_rows, columns=list(_RECORD_COLUMNS))
-    columns = ["outcome", "outcomes", "message", "details", "env_leaks"]
-    if not folded:
-        return pd.DataFrame(columns=columns).rename_axis("nodeid")
-    frame["rank"] = frame["outcome"].map(_RANK).fillna(len(OUTCOMES) - 1).astype(int)
+    return outcomes_table(fold.attempt_outcomes(kept(rows), ends), said)
+
+
+def said_row(row: Record) -> dict[str, Any] | None:
+    """The columns `outcomes_table` reads of a row with a message or a leak; None otherwise."""
+    if row.get("message") or row.get("env_leak"):
+        return {k: row.get(k) for k in _RECORD_COLUMNS}
+    return None
+
+
+def worst_outcomes(folded: Mapping[str, Mapping[str, Outcome]]) -> dict[str, Outcome]:
+    """Each test's worst outcome over its attempts (the table's `outcome`), from
+    fold.attempt_outcomes' run -> test -> outcome."""
+    return {n: OUTCOMES[_worst(c)] for n, c in _rank_counts(folded).items()}
+
+
+def _worst(counts: Sequence[int]) -> int:
+    return next(r for r, k in enumerate(counts) if k)
+
+
+def _rank_counts(folded: Mapping[str, Mapping[str, Outcome]]) -> dict[str, list[int]]:
     ranks: dict[str, list[int]] = {}  # per test, attempts per outcome rank
     for per_run in folded.values():
         for nodeid, outcome in per_run.items():
             ranks.setdefault(nodeid, [0] * len(OUTCOMES))[_RANK[outcome]] += 1
-    worst = pd.Series({n: next(r for r, k in enumerate(c) if k) for n, c in ranks.items()})
+    return ranks
+
+
+def outcomes_table(
+    folded: Mapping[str, Mapping[str, Outcome]], said_rows: Sequence[Mapping[str, Any]]
+) -> pd.DataFrame:
+    """`outcomes_by_test`'s frame from the attempts' outcomes (fold.attempt_outcomes) and
+    the rows with a message or a leak (`said_row`)."""
+    frame = pd.DataFrame.from_records(list(said_rows), columns=list(_RECORD_COLUMNS))
+    columns = ["outcome", "outcomes", "message", "details", "env_leaks"]
+    if not folded:
+        return pd.DataFrame(columns=columns).rename_axis("nodeid")
+    frame["rank"] = frame["outcome"].map(_RANK).fillna(len(OUTCOMES) - 1).astype(int)
+    ranks = _rank_counts(folded)
+    worst = pd.Series({n: _worst(c) for n, c in ranks.items()})
     outcomes = pd.Series(
         {n: {OUTCOMES[r]: k for r, k in enumerate(c) if k} for n, c in ranks.items()}, dtype=object
     )

@@ -18,9 +18,8 @@ import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
-from ..fix import case as fix_case
 from ..report.summary import FixRecord
 from ..verdicts import catalogue
 from ..verdicts.catalogue import Verdict
@@ -31,7 +30,10 @@ from .host import Host
 from .journal import Journal
 from .store import EvidenceStore
 
-FindPatch = Callable[..., fix_case.VerifiedPatch | None]
+if TYPE_CHECKING:  # the engine is imported when the phase runs: libcst is 2-3 s of start-up
+    from ..fix import case as fix_case
+
+FindPatch = Callable[..., "fix_case.VerifiedPatch | None"]
 Kind = Literal["order-dependent", "brittle"]
 Job = tuple[Kind, str]  # (kind, victim)
 KINDS: dict[str, Kind] = {
@@ -58,7 +60,7 @@ class Fixes:
         self.rootdir = rootdir  # collection sets it: asked when the phase runs
         self.out = out
         self.invoked_from = invoked_from
-        self.find_patch = find_patch or fix_case.find_patch
+        self.find_patch = find_patch  # None: the fix engine's, imported when it is asked
         self.fixes: dict[str, FixFile] = {}  # victim -> its verified patch
         self.records: dict[str, FixRecord] = {}
 
@@ -104,8 +106,10 @@ class Fixes:
         for cause in causes:
             env.update(leaks.get(cause, {}))
         found = tuple(cleaners.cleaners) if cleaners else ()
-        case = fix_case.FixCase(victim, kind, tuple(causes), found, env,
-                                collected=tuple(self.store.collected))  # fmt: skip
+        from ..fix.case import FixCase  # here: only --fix pays libcst's import
+
+        case = FixCase(victim, kind, tuple(causes), found, env,
+                       collected=tuple(self.store.collected))  # fmt: skip
         fix, outcome = self._patch(case)
         if fix is None and outcome is None:
             return []  # the budget stopped it: no record, the note counts it
@@ -145,6 +149,10 @@ class Fixes:
                 fix.write(self.out / FIXES_DIR)
             return fix, None if fix else str(data.get("outcome", ""))
         rootdir = self.rootdir()
+        if self.find_patch is None:
+            from ..fix.case import find_patch  # here, as FixCase above
+
+            self.find_patch = find_patch
         try:
             patch = self.find_patch(case, rootdir, self.host.replay_in, times=VERIFY_TIMES,
                                     budget_left=self.host.budget_left)  # fmt: skip

@@ -30,6 +30,9 @@ server), so a child's garbage collections skip them: pytest collects five times 
 session end, which in a child would otherwise walk, and so copy, the whole heap; a module
 a plugin imports at every session's end (hypothesis's) is imported in the server, so a
 test in a child finds it imported where a fresh process imports it after the last test;
+so are the seeders registered for pytest-randomly's entry point group, which a fresh
+process loads in its first test's setup (the entry point scan alone took that setup from
+0.2 to 15-50 ms);
 during import and collection the server has PYTORCH_NVML_BASED_CUDA_CHECK=1 (unless the
 caller set it), so torch answers `is_available()` at import without `cuInit`, which
 would leave nothing to fork (SERVER_ENV; the child's environment is the caller's again).
@@ -54,7 +57,15 @@ from typing import Any
 
 import pytest
 
-from ..plugin import PLUGIN_NAME, CapsafeRun, _resolve, neighbor_run, phase_times, protect
+from ..plugin import (
+    PLUGIN_NAME,
+    CapsafeRun,
+    _resolve,
+    neighbor_run,
+    phase_times,
+    protect,
+    seeding,
+)
 from .fork_checks import cuda_in_use, fork_refusal
 
 __all__ = ["FDS_ENV", "JOB_OPTIONS", "MODULE", "Job", "main"]
@@ -179,6 +190,7 @@ class Server:
             self.answered = True
             return True
         _import_session_end_modules(session.config)
+        seeding.registered_seeders()  # read here once, not by every child's first test
         gc.collect()  # the garbage of start-up and collection, once, here
         gc.freeze()  # the rest is permanent: no child's collection walks (and copies) it
         self.send(event="ready", collected=len(session.items))

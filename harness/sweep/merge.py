@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..plugin.collection import Collected, read_collected
+from .bytecode import PYCACHE
 from .host import target_outcome
 from .journal import JOURNAL_FILE
 from .options import SweepError, SweepOptions
@@ -34,8 +35,9 @@ from .shard import Shard, parse_shard
 from .state import STATE_FILE, describe_error, prepare_out, read_state
 
 NOT_RUN = "`capsafe merge --no-run`: the reruns or searches its verdict needs were not run"
-LOCAL = ("shared", "collected.json", "collect.log", "fork-servers", JOURNAL_FILE)
-"""In a shard's raw/ and not evidence to copy (its fork servers' logs, its replay journal)."""
+LOCAL = ("shared", "collected.json", "collect.log", "fork-servers", JOURNAL_FILE, PYCACHE)
+"""In a shard's raw/ and not evidence to copy (its fork servers' logs, its replay journal,
+its processes' bytecode)."""
 
 
 @dataclass(frozen=True)

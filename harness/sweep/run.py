@@ -31,16 +31,17 @@ import math
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from ..plugin import order, phase_times
-from ..records import Signal, fold_outcome
+from ..records import Outcome, Signal
 from ..report import github, gpu_report, history, junit, placement
 from ..report.render import write_reports
+from ..report.rows import read_rows
 from ..report.shared import Cell, passing_phrase, suite_errors_text, worst_first
 from ..report.summary import Summary, TestVerdict
 from ..verdicts import catalogue, fold, stats
@@ -242,6 +243,7 @@ class Sweep:
         out = o.out
         store = self.store
         tests = self.verdicts(stopped=interrupted or bool(self.neighbors_problem))
+        read = read_rows(store.processes_rows(), out / "records.jsonl")  # the one read of raw/
         summary = Summary(
             runs=len(store.run_ids), workers=o.workers, seeds=store.seeds,
             shuffles=store.shuffles, backend=backend_probe.backend_in_tests(),
@@ -249,21 +251,20 @@ class Sweep:
             counts={c: sum(t.classification == c for t in tests) for c in catalogue.CLASSES},
             searches=store.searches, notes=store.notes, ddmin_cap=search.DDMIN_CAP,
             verify_times=VERIFY_TIMES,
-            phase_times=phase_times.summary_times(self.clock, self.raw, store.rows()),
+            phase_times=phase_times.summary_times(self.clock, self.raw, read.phase_rows()),
             shard="" if o.shard is None else str(o.shard), suite_errors=store.suite_errors,
             timeout=self.runner.timeout_line(),
             interrupted=self.stopped,
             fixes=[self.fixes.records[n] for n in sorted(self.fixes.records)],
         )  # fmt: skip
-        summary.outcomes = _not_passed(tests, store.attempts())  # each streams from raw/
-        summary.placement = placement.placement_section(store.attempts())
+        summary.outcomes = _not_passed(tests, read.worst())
+        summary.placement = placement.placement_section(read.pinned)
         summary.gpu = gpu_report.gpu_section(
-            [t.__dict__ for t in tests], store.rows(), capture_sweep.neighbor_summary(self.raw)
+            [t.__dict__ for t in tests], read.flagged, capture_sweep.neighbor_summary(self.raw)
         )
         past = self._history(tests) if o.shard is None else []  # the merge writes the history
         self.suite_runs.write_state()
-        table = write_reports(out, summary, store.rows(), self._grid(), store.run_ids, past,
-                              ends=store.ends)  # fmt: skip
+        table = write_reports(out, summary, read, self._grid(), store.run_ids, past)
         self._ci_outputs(summary, table)
         if self.neighbors_problem:
             return SweepResult(summary, EXIT_USAGE, f"{self.neighbors_problem}; report: {out}")
@@ -335,14 +336,11 @@ class Sweep:
         return grid
 
 
-def _not_passed(tests: Sequence[TestVerdict], attempts: Iterable[fold.Attempt]) -> dict[str, int]:
-    """The tests classed pass by their outcome other than passed (the first of OUTCOMES among
-    their attempts, as the per-test table says): skipped, xfailed, xpassed."""
-    seen: dict[str, list[str]] = {}
-    for a in attempts:
-        seen.setdefault(a.nodeid, []).append(a.outcome)
+def _not_passed(tests: Sequence[TestVerdict], worst: Mapping[str, Outcome]) -> dict[str, int]:
+    """The tests classed pass by their outcome other than passed (`worst`: each test's first
+    of OUTCOMES among its attempts, as the per-test table says): skipped, xfailed, xpassed."""
     found = Counter(
-        fold_outcome(seen.get(t.nodeid, ())) for t in tests if t.classification == Verdict.PASS
+        worst.get(t.nodeid, "passed") for t in tests if t.classification == Verdict.PASS
     )
     return {o: n for o, n in found.items() if o != "passed"}
 

@@ -42,6 +42,7 @@ from ..plugin.collection import COLLECT_OUT_ENV, PLUGIN, Collected, read_collect
 from ..plugin.gpus import VISIBLE, as_spec
 from ..records import Record, load_records
 from ..verdicts import fold
+from .bytecode import bytecode_env
 from .executor import (
     SWEEP_SHARED_ENV,
     SWEEP_TMP_ENV,
@@ -311,7 +312,7 @@ class Runner:
         log = self.raw / "collect.log"
         cmd = [sys.executable, "-m", "pytest", *self.targets(), "--collect-only", "-q",
                "-p", PLUGIN, "-p", "no:cacheprovider", *self.options.pytest_args]  # fmt: skip
-        env = {**inherited_environ(), COLLECT_OUT_ENV: str(found)}
+        env = {**inherited_environ(), **bytecode_env(self.raw), COLLECT_OUT_ENV: str(found)}
         with open(log, "wb") as out:
             done = subprocess.run(
                 cmd, cwd=self.cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
@@ -376,7 +377,7 @@ class Runner:
         records = where / label
         records.mkdir(parents=True, exist_ok=True)
         log = where / f"{label}.log"
-        env = {SWEEP_SHARED_ENV: str(self.shared)}
+        env = self.env()
         devices = self._gpu_of.pop(label, ())
         if len(devices) == 1:  # before the process starts, whatever its conftest does first
             env[VISIBLE] = devices[0]
@@ -403,6 +404,10 @@ class Runner:
         )  # fmt: skip
         return ProcessResult(label, rows, outcome, log, malformed)
 
+    def env(self) -> dict[str, str]:
+        """What the sweep sets on top of the environment of each of its test processes."""
+        return {**bytecode_env(self.raw), SWEEP_SHARED_ENV: str(self.shared)}
+
     def prestart_replays(self) -> None:
         """Start the fork server the replays will use now, while the suite runs, so its
         start-up and collection are not paid when the first rerun waits for it (a sweep
@@ -412,7 +417,7 @@ class Runner:
         label = "prestart"  # only its command line counts: the server key is made from it
         cmd = self.pytest_command(self.targets(), self.raw / label, label, seed=0, workers=0,
                                   replay_file=self.raw / "replays" / f"{label}.txt")  # fmt: skip
-        env = {SWEEP_SHARED_ENV: str(self.shared)}
+        env = self.env()
         launch = Launch(label, tuple(cmd), self.cwd, env, self.raw / label,
                         self.raw / f"{label}.log", self.stall_limit, ())  # fmt: skip
         self.executor.prestart(launch, {**inherited_environ(), **env})

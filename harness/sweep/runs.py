@@ -23,6 +23,7 @@ from ..plugin.collection import Collected
 from ..records import load_records
 from ..verdicts import fold
 from . import capture_sweep
+from .bytecode import PYCACHE
 from .host import SweepHost
 from .journal import JOURNAL_FILE
 from .options import SweepError, SweepOptions
@@ -132,7 +133,7 @@ class SuiteRuns:
         done = sorted(int(k) for k in state["runs_done"])
         for k in done:
             self.load_run(k, state.get("processes", {}))
-        kept = {f"run-{k}" for k in done} | {f"run-{k}.log" for k in done} | {"shared"}
+        kept = {f"run-{k}" for k in done} | {f"run-{k}.log" for k in done} | {"shared", PYCACHE}
         replays = self.host.journal.labels()  # finished replays: served, not redone
         kept |= replays | {f"{label}.log" for label in replays} | {JOURNAL_FILE, "replays"}
         for entry in self.raw.iterdir():  # what the interrupt cut off: redone

@@ -5,7 +5,8 @@ one `EvidenceStore`, so an interruption at any point still reports all that was
 learned, and --resume and `capsafe merge` rebuild it from the records.
 
 The store holds no test process's rows: they stay in their records under raw/, and
-`rows()` and `attempts()` read them back one process at a time whenever a report asks.
+`processes_rows()` reads them back one process at a time: the reports read them once
+(harness.report.rows), the fixes phase again.
 Holding them (a dict per row, three rows per test per run) made a sweep's memory grow
 with its runs: python-dateutil's 2,095 tests took 170 MB at 5 runs and 414 MB at 20.
 """
@@ -92,11 +93,6 @@ class EvidenceStore:
         for end in ends:
             held = self._held.get(end.run_id)
             yield end, held if held is not None else load_records(self.raw / end.run_id)[0]
-
-    def attempts(self) -> Iterator[fold.Attempt]:
-        """Every attempt of every taken process (the fold, one process at a time)."""
-        for end, rows in self.processes_rows():
-            yield from fold.attempts(rows, [end]).values()
 
     def stall_text(self, result: ProcessResult) -> str:
         inside = result.killed_in

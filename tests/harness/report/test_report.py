@@ -17,9 +17,11 @@ from capsafe_harness.report import history, tables
 from capsafe_harness.report.html_page import render_html
 from capsafe_harness.report.markdown import render_markdown
 from capsafe_harness.report.render import write_reports
+from capsafe_harness.report.rows import ReportRows, read_rows
 from capsafe_harness.report.shared import pairs, search_bound
 from capsafe_harness.report.summary import SearchRecord, Summary, TestVerdict
 from capsafe_harness.verdicts.catalogue import CLASSES
+from capsafe_harness.verdicts.fold import RunOutcome
 
 SUITE = "/home/me/proj/tests"
 
@@ -90,11 +92,20 @@ GRID = {
 RUNS = ["run-1", "run-2", "run-3", "run-4"]
 
 
+def read(rows: list[Record], out: Path) -> ReportRows:
+    """The rows as the sweep reads them for its reports, records.jsonl written into `out`."""
+    runs: dict[str, list[Record]] = {}
+    for row in rows:
+        runs.setdefault(row["run_id"], []).append(row)
+    processes = [(RunOutcome(run, 0), run_rows) for run, run_rows in runs.items()]
+    return read_rows(processes, out / "records.jsonl")
+
+
 def test_write_reports_writes_every_file(tmp_path: Path) -> None:
     rows = [cast(Record, {"nodeid": "t.py::test_ok", "phase": "call", "outcome": "passed",
              "duration": 0.0, "run_id": "run-1", "seed": 1, "worker": "gw0", "index": 0,
              "pid": 1, "signals": [], "message": "", "time": 0.0})]  # fmt: skip
-    write_reports(tmp_path, summary(TESTS), rows, GRID, RUNS, [])
+    write_reports(tmp_path, summary(TESTS), read(rows, tmp_path), GRID, RUNS, [])
     for name in ("records.jsonl", "tests.csv", "summary.json", "report.md", "report.html"):
         assert (tmp_path / name).stat().st_size > 0
     assert json.loads((tmp_path / "records.jsonl").read_text())["nodeid"] == "t.py::test_ok"
@@ -330,7 +341,7 @@ def test_outcomes_by_test_folds_attempts_and_keeps_the_latest_message() -> None:
 
 def report_files(tmp_path: Path) -> tuple[str, str]:
     rows = [r for r in REPORT_ROWS if r["run_id"] == "run-1"]
-    write_reports(tmp_path, summary(REPORT_TESTS), rows, {}, ["run-1"], [])
+    write_reports(tmp_path, summary(REPORT_TESTS), read(rows, tmp_path), {}, ["run-1"], [])
     return (tmp_path / "report.md").read_text(), (tmp_path / "report.html").read_text()
 
 

@@ -9,6 +9,8 @@ import difflib
 import hashlib
 import json
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -137,3 +139,14 @@ def test_the_sweep_without_fix_has_no_fixing_phase(tmp_path: Path) -> None:
     options = SweepOptions(paths=(PLANTED,), out=tmp_path, seed=1)
     assert "fixes" not in [name for name, _ in Sweep(options).phases()]
     assert "fixes" in [name for name, _ in Sweep(replace(options, fix=True)).phases()]
+
+
+def test_a_sweep_without_fix_never_imports_the_fix_engine() -> None:
+    """libcst (the engine's) took 2-3 s of every sweep's start-up on the shared machine;
+    only --fix asks for it."""
+    probe = "import sys, capsafe.cli; capsafe.cli.build_parser(); print(sorted(sys.modules))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=120, check=True)  # fmt: skip
+    loaded = done.stdout
+    assert "capsafe_harness.sweep.run" in loaded  # the sweep's whole CLI was loaded
+    assert "libcst" not in loaded and "capsafe_harness.fix.case" not in loaded

@@ -48,6 +48,11 @@ def _process(raw: Path, label: str, tests: int, *, on_disk: bool = True) -> Proc
                          on_disk=on_disk)  # fmt: skip
 
 
+def _attempts(store: EvidenceStore) -> list[fold.Attempt]:
+    """Every attempt of every taken process, folded one process at a time."""
+    return [a for end, rows in store.processes_rows() for a in fold.attempts(rows, [end]).values()]
+
+
 def test_rows_and_attempts_are_read_back_from_the_records(tmp_path: Path) -> None:
     store = EvidenceStore(tmp_path, 60.0)
     store.take(_process(tmp_path, "run-1", 4))
@@ -56,7 +61,7 @@ def test_rows_and_attempts_are_read_back_from_the_records(tmp_path: Path) -> Non
     labels = [r["run_id"] for r in rows]
     assert labels == ["run-1"] * 12 + ["alone-2"] * 6  # in the order taken
     assert len(list(rows)) == len(list(rows)) == 18  # iterable again: each time from disk
-    assert sorted((a.run_id, a.nodeid) for a in store.attempts()) == sorted(
+    assert sorted((a.run_id, a.nodeid) for a in _attempts(store)) == sorted(
         [("run-1", f"test_m.py::test_{t}") for t in range(4)]
         + [("alone-2", f"test_m.py::test_{t}") for t in range(2)]
     )
@@ -95,7 +100,7 @@ def test_attempts_of_every_run_share_their_test_s_strings_and_empty_signals(
     store = EvidenceStore(tmp_path, 60.0)
     for k in (1, 2):
         store.take(_process(tmp_path, f"run-{k}", 2))
-    first, last = [a for a in store.attempts() if a.nodeid == "test_m.py::test_1"]
+    first, last = [a for a in _attempts(store) if a.nodeid == "test_m.py::test_1"]
     assert (first.run_id, last.run_id) == ("run-1", "run-2")
     assert first.nodeid is last.nodeid
     assert first.worker is last.worker
