@@ -8,6 +8,10 @@ Two suites, each measured in one call so machine load hits both sides alike:
   each sweep's wall time as a multiple of the plain runs' median, its phase times,
   process count and the peak RSS of the sweep process alone and of its process tree
   (read from /proc: Linux only);
+- `--per-run K` (with `--suite`): the plugin's cost per suite run, K plain runs and K runs
+  of the exact command a sweep's suite run uses (built by the sweep's own runner: records,
+  seed, shuffle, seeded worker split, timeout), alternated; prints the medians of wall and
+  of CPU seconds (the processes' user + system time, which load distorts less than wall);
 - `--synthetic N`: N trivial tests in 10 files with 3 planted polluter/victim pairs,
   generated into a temporary directory and swept with `--runs 3` (two plain runs before
   it and one after, their median the base); checks that every
@@ -21,7 +25,7 @@ python-dateutil 2.9.0 (2,095 tests), as docs/harness.md measured it:
     /tmp/du/venv/bin/pip download python-dateutil==2.9.0 --no-binary :all: --no-deps -d /tmp/du
     tar xzf /tmp/du/python-dateutil-2.9.0.tar.gz -C /tmp/du
     python benchmarks/sweep_cost.py --suite /tmp/du/python-dateutil-2.9.0 \\
-        --python /tmp/du/venv/bin/python --counts 5,20
+        --python /tmp/du/venv/bin/python --counts 5,20 --per-run 3
     python benchmarks/sweep_cost.py --synthetic 500,2000
 
 The last line holds the ratios; exit 1 when a done-when bound (--limit, --rss-limit,
@@ -33,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -122,6 +127,66 @@ def plain(python: str, paths: list[str], workers: int, cwd: Path, log: Path) -> 
     return wall
 
 
+# The command of a sweep's suite run k, as the sweep's runner builds it (after collection).
+RUN_COMMAND = """
+import json, sys
+from pathlib import Path
+from capsafe_harness.sweep.options import SweepOptions
+from capsafe_harness.sweep.runner import Runner
+from capsafe_harness.sweep.runs import run_seeds, shuffle_of
+out, workers, k, paths = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+options = SweepOptions(paths=tuple(Path(p).resolve() for p in paths), out=out, seed=1,
+                       workers=workers, fork=False, invoked_from=Path.cwd())
+runner = Runner(options, out / "raw")
+runner.collect()
+label = f"run-{k}"
+print(json.dumps(runner.pytest_command(runner.targets(), out / "raw" / label, label,
+      seed=run_seeds(1, k)[k - 1], workers=workers, shuffle=shuffle_of(k))))
+"""
+
+
+def cpu_seconds() -> float:
+    """User + system seconds of every finished child so far."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def per_run(args: argparse.Namespace, suite: Path, out: Path) -> str:
+    """K plain runs against K runs of a sweep's suite-run command (runs 1 and 2 in turn:
+    a global and a bucketed shuffle), alternated; medians of wall and CPU seconds."""
+    commands = []
+    for k in (1, 2):
+        built = subprocess.run([args.python, "-c", RUN_COMMAND, str(out / "per-run"),
+                                str(args.workers), str(k), *args.paths], cwd=suite,
+                               capture_output=True, text=True, check=False)  # fmt: skip
+        if built.returncode:
+            sys.exit(f"could not build the sweep's run command: {built.stderr[-2000:]}")
+        commands.append(json.loads(built.stdout.splitlines()[-1]))
+    plain_cmd = [args.python, "-m", "pytest", *args.paths, f"-n={args.workers}", "-q",
+                 "-p", "no:cacheprovider"]  # fmt: skip
+    samples: dict[str, list[tuple[float, float]]] = {"plain": [], "sweep run": []}
+    for k in range(args.per_run):
+        order = [("plain", plain_cmd), ("sweep run", commands[k % 2])]
+        for name, cmd in order if k % 2 == 0 else order[::-1]:
+            shutil.rmtree(out / "per-run" / "raw", ignore_errors=True)
+            (out / "per-run" / "raw").mkdir(parents=True)
+            before = cpu_seconds()
+            seconds, rc, _ = timed(cmd, suite, out / f"per-run-{k}-{name.replace(' ', '-')}.log")
+            if rc not in (0, 1):
+                sys.exit(f"{name} exited {rc}: see {out}/per-run-{k}-*.log")
+            samples[name].append((seconds, cpu_seconds() - before))
+    wall = {n: statistics.median(w for w, _ in s) for n, s in samples.items()}
+    cpu = {n: statistics.median(c for _, c in s) for n, s in samples.items()}
+    for name, s in samples.items():
+        print(f"{name}: wall {', '.join(f'{w:.1f}' for w, _ in s)} s; "
+              f"CPU {', '.join(f'{c:.1f}' for _, c in s)} s")  # fmt: skip
+    ratio = (f"per run (sweep's suite run / plain, median of {args.per_run}): "
+             f"wall {wall['sweep run'] / wall['plain']:.2f}x, "
+             f"CPU {cpu['sweep run'] / cpu['plain']:.2f}x")  # fmt: skip
+    print(ratio)
+    return ratio
+
+
 def sweep(
     python: str, paths: list[str], runs: int, workers: int, cwd: Path, out: Path
 ) -> tuple[float, TreeMemory, dict[str, Any]]:
@@ -203,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", default=sys.executable, help="the suite's interpreter")
     parser.add_argument("--counts", default="5,20", help="--runs of each sweep of --suite")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--per-run", type=int, default=0, help="plain/sweep-run pairs (K)")
     parser.add_argument("--synthetic", default="", help="synthetic suite sizes: 500,2000")
     parser.add_argument("--out", type=Path, help="keep reports and logs here")
     parser.add_argument("--limit", type=float, default=21.0, help="--runs 20 / plain at most")
@@ -217,7 +283,9 @@ def main(argv: list[str] | None = None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         checks: dict[str, bool] = {}
         ratios: list[str] = []
-        if args.suite:
+        if args.suite and args.per_run:
+            ratios.append(per_run(args, args.suite.resolve(), out))
+        if args.suite and args.counts:
             counts = [int(c) for c in args.counts.split(",")]
             real_checks, real_ratios = measure_real(args, args.suite.resolve(), counts, out)
             checks |= real_checks
