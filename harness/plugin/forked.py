@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import sys
+import time
 
 import pytest
 
 OPTION = "--capsafe-forked"
 PLUGIN_NAME = "capsafe-forked"
 CRASHED = 3  # a child's exit status when its test protocol raised (pytest's INTERNAL_ERROR)
+TIMEOUT_GRACE_S = 2.0  # how long a child may take to report its own timeout
 
 
 def add_option(group: pytest.OptionGroup) -> None:
@@ -81,13 +84,34 @@ class ForkedTests:
             finally:
                 _flush(item.config)
                 os._exit(status)
-        _, waited = os.waitpid(pid, 0)
-        if os.waitstatus_to_exitcode(waited) != 0:
+        if _child_status(pid) != 0:
             session.testsfailed += 1
             maxfail = item.config.getoption("maxfail")
             if maxfail and session.testsfailed >= maxfail:
                 session.shouldfail = f"stopping after {session.testsfailed} failures"
         return True
+
+
+def _child_status(pid: int) -> int:
+    """The child's exit code, once it ended. pytest-timeout's alarm, set around this
+    process's protocol before the fork, fails it here first; the child's own, set just
+    after, fails the test there and writes its rows: it gets TIMEOUT_GRACE_S for that
+    before it is killed. Any other exception (an interrupt) kills the child and goes on."""
+    try:
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    except pytest.fail.Exception:
+        until = time.monotonic() + TIMEOUT_GRACE_S
+        while time.monotonic() < until:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return os.waitstatus_to_exitcode(status)
+            time.sleep(0.01)
+        os.kill(pid, signal.SIGKILL)
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    except BaseException:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise
 
 
 def _flush(config: pytest.Config) -> None:

@@ -16,9 +16,13 @@ together with no other process of the sweep alive. A collision of a few millisec
 needs time to happen, so the group's side repeats its tests for about PAIR_WINDOW_S (as
 the suite runs timed them) and the test's side repeats the test COVER times as long (as
 its repetitions timed it in one process with nothing beside it, one process for all such
-tests), stopping at its first failure; a test that fails repeated so is run once. Each
-repetition sets its module up and tears it down (harness/plugin/repeats.py): a collision
-of one module's teardown with another's setup (python-fs) needs both every time. A pair
+tests), stopping at its first failure. Each repetition sets its module up and tears it
+down (harness/plugin/repeats.py): a collision of one module's teardown with another's
+setup (python-fs) needs both every time. A test that fails repeated so (python-fs's
+test_addpath imports a module it first expects not importable) is timed again with each
+repetition in a forked child (harness/plugin/forked.py) and repeated so in its pair runs;
+one that fails that way too is run once. A test whose in-process pair runs name nobody
+is searched once more with forked repetitions, from the pair runs it has left. A pair
 run whose test side was over while the group's still ran (a loaded machine) is run
 again, longer (`_PairRuns`): its pass said nothing. The likeliest candidate is tried
 alone first; a group beside which it fails is halved, the half that keeps it failing
@@ -267,8 +271,10 @@ class ParallelCheck:
         """One process, with nothing beside it, repeats each test in turn, 2 to
         TIMING_REPEATS times (each repetition its module set up and torn down,
         harness/plugin/repeats.py): a test that passes every repetition gets its seconds
-        per repetition; one that fails (then a failure of its repetitions beside a group
-        would not be the group's doing) is run once in its pair runs. A test the suite runs
+        per repetition; those that fail (then a failure of their repetitions beside a group
+        would not be the group's doing) are timed again in one process that forks each
+        repetition, and those that pass there are repeated forked in their pair runs; the
+        rest are run once in their pair runs. A test the suite runs
         timed at PAIR_WINDOW_S or longer is timed too: there its time included waiting on
         the test it collided with, or a loaded machine (the shared_dir suite's victim,
         0.17 and 0.29 s in two loaded runs, takes 0.05 s alone), and untimed it ran once

@@ -124,3 +124,17 @@ def test_forked_refuses_neighbour_threads(pytester: pytest.Pytester) -> None:
                                          "--capsafe-neighbors=1")  # fmt: skip
     assert done.ret == pytest.ExitCode.USAGE_ERROR
     done.stderr.fnmatch_lines(["*--capsafe-forked: cannot run with --capsafe-neighbors*"])
+
+
+def test_a_child_that_hangs_reports_its_own_timeout(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    # pytest-timeout's alarm fires in the parent first (it was set before the fork): the
+    # parent waits for the child's own, which fails the test there and writes its rows.
+    hang = "import time\ndef test_hang():\n    time.sleep(60)\ndef test_one(): pass\n"
+    done = run_replay(pytester, tmp_path, hang, ["test_hang", "test_one"], "--capsafe-forked",
+                      "--timeout=1", "--timeout-method=signal")  # fmt: skip
+    assert done.ret == 1, done.stdout.str()
+    rows = {(r["nodeid"], r["phase"]): r for r in read_records(tmp_path / "records")}
+    assert rows[("test_m.py::test_hang", "call")]["signals"] == ["timeout"]
+    assert rows[("test_m.py::test_one", "call")]["outcome"] == "passed"  # the process went on
