@@ -96,7 +96,7 @@ def _child_status(pid: int) -> int:
     """The child's exit code, once it ended. pytest-timeout's alarm, set around this
     process's protocol before the fork, fails it here first; the child's own, set just
     after, fails the test there and writes its rows: it gets TIMEOUT_GRACE_S for that
-    before it is killed. Any other exception (an interrupt) kills the child and goes on."""
+    before it is killed. Any other exception (an interrupt) kills the child, and is raised."""
     try:
         return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     except pytest.fail.Exception:
