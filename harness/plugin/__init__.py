@@ -32,6 +32,7 @@ from ..records import (
 from . import (
     capture_errors,
     env_watch,
+    forked,
     gpus,
     neighbor_run,
     order,
@@ -102,6 +103,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         f"(default {DEFAULT_WATCH_ENV}; * for every variable)",
     )
     protect.add_option(group)
+    forked.add_option(group)
     gpus.add_option(group)
     neighbor_run.add_option(group)
 
@@ -234,6 +236,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     protect.configure(config)
+    forked.configure(config)
     if not _active(config):
         return
     settings = _resolve(config)

@@ -16,9 +16,13 @@ together with no other process of the sweep alive. A collision of a few millisec
 needs time to happen, so the group's side repeats its tests for about PAIR_WINDOW_S (as
 the suite runs timed them) and the test's side repeats the test COVER times as long (as
 its repetitions timed it in one process with nothing beside it, one process for all such
-tests), stopping at its first failure; a test that fails repeated so is run once. Each
-repetition sets its module up and tears it down (harness/plugin/repeats.py): a collision
-of one module's teardown with another's setup (python-fs) needs both every time. A pair
+tests), stopping at its first failure. Each repetition sets its module up and tears it
+down (harness/plugin/repeats.py): a collision of one module's teardown with another's
+setup (python-fs) needs both every time. A test that fails repeated so (python-fs's
+test_addpath imports a module it first expects not importable) is timed again with each
+repetition in a forked child (harness/plugin/forked.py) and repeated so in its pair runs;
+one that fails that way too is run once. A test whose in-process pair runs name nobody
+is searched once more with forked repetitions, from the pair runs it has left. A pair
 run whose test side was over while the group's still ran (a loaded machine) is run
 again, longer (`_PairRuns`): its pass said nothing. The likeliest candidate is tried
 alone first; a group beside which it fails is halved, the half that keeps it failing
@@ -53,6 +57,7 @@ RERUNS = 2  # pair runs again when the test's side was not beside the group's to
 COVERED = 0.9  # "beside to the end": beside at least this share of the group's side
 
 FIRST_FAILURE = ("-x",)  # the test's side stops at its first failure: that decides the pair run
+FORKED = ("--capsafe-forked",)  # each repetition in a forked child (harness/plugin/forked.py)
 ProcessKey = tuple[str, str, int]  # (run id, worker, pid): one suite-run process
 
 
@@ -71,6 +76,8 @@ class ParallelCheck:
         self._ran = False
         self.collided = False  # a test was found parallel-unsafe
         self._per_repetition: dict[str, float] = {}  # seconds, for tests that repeat cleanly
+        self._forked: set[str] = set()  # of those, the ones that repeat only in forked children
+        self._timed_forked: set[str] = set()  # tests whose repetitions were timed forked
 
     # -- which failures are collisions -----------------------------------------------
     def suspects(self) -> list[str]:
@@ -200,18 +207,35 @@ class ParallelCheck:
         return []
 
     def _partner(self, nodeid: str) -> None:
-        """Group testing over its candidates until one is confirmed K of K, none is left,
-        or MAX_PAIR_RUNS pair runs are spent. The likeliest candidate is tried alone first
-        (one pair run, where group testing would spend log2 n)."""
+        """Group testing over its candidates (`_narrow`); when its repetitions in one
+        process named nobody, once more with each repetition in a forked child, from the
+        pair runs left: a test whose first run leaves state that its later runs in the
+        same process skip the colliding part for (a directory made once, a module
+        imported once) collides again only from the state it first ran in."""
         pending = self.candidates(nodeid)
         if not pending:
             return
         pairs = _PairRuns(self, nodeid)
+        if (self._narrow(nodeid, pending, pairs) or nodeid in self._timed_forked
+                or self.options.neighbors or not pairs.left()):  # fmt: skip
+            return  # named; or tried forked already; or no forking beside neighbour threads
+        if not self._time_in({nodeid: TIMING_REPEATS}, FORKED):
+            return  # it fails repeated forked too
+        with self.store.lock:
+            self._forked.add(nodeid)
+        pairs.repeat = self._per_repetition[nodeid]
+        self._narrow(nodeid, pending, pairs)
+
+    def _narrow(self, nodeid: str, pending: list[str], pairs: _PairRuns) -> bool:
+        """Until one candidate is confirmed K of K (True), none is left, or the pair runs
+        are spent. The likeliest candidate is tried alone first (one pair run, where group
+        testing would spend log2 n)."""
+        pending = list(pending)
         group = pending[:1]
         while group and pairs.left():
             if not pairs.fails_beside(group):
                 if len(group) == len(pending):
-                    return  # none of those left makes it fail: the candidates are exhausted
+                    return False  # none of those left makes it fail: candidates exhausted
                 pending = pending[len(group) :]
                 group = pending
                 continue
@@ -220,7 +244,7 @@ class ParallelCheck:
                 half, rest = group[: len(group) // 2], group[len(group) // 2 :]
                 group, hits = (half, 1) if pairs.fails_beside(half) else (rest, 0)
             if len(group) > 1:
-                return
+                return False
             partner = group[0]
             while hits < VERIFY_TIMES and pairs.left():
                 if not pairs.fails_beside([partner]):
@@ -229,11 +253,10 @@ class ParallelCheck:
             if hits >= VERIFY_TIMES:
                 with self.store.lock:
                     self.store.ev(nodeid).collides_with = [partner]
-                return
-            if not pairs.left():
-                return
+                return True
             pending.remove(partner)
             group = pending
+        return False
 
     def _duration(self, nodeid: str) -> float:
         """Its median time from setup's start to teardown's end in the suite runs."""
@@ -250,22 +273,38 @@ class ParallelCheck:
         """One process, with nothing beside it, repeats each test in turn, 2 to
         TIMING_REPEATS times (each repetition its module set up and torn down,
         harness/plugin/repeats.py): a test that passes every repetition gets its seconds
-        per repetition; one that fails (then a failure of its repetitions beside a group
-        would not be the group's doing) is run once in its pair runs. A test the suite runs
+        per repetition; those that fail (then a failure of their repetitions beside a group
+        would not be the group's doing) are timed again in one process that forks each
+        repetition, and those that pass there are repeated forked in their pair runs; the
+        rest are run once in their pair runs. A test the suite runs
         timed at PAIR_WINDOW_S or longer is timed too: there its time included waiting on
         the test it collided with, or a loaded machine (the shared_dir suite's victim,
         0.17 and 0.29 s in two loaded runs, takes 0.05 s alone), and untimed it ran once
         a pair run."""
         blocks = {n: min(TIMING_REPEATS, max(2, self._times([n]))) for n in tests}
+        self._time_in(blocks, ())
+        again = {n: times for n, times in blocks.items() if n not in self._per_repetition}
+        if not self.options.neighbors:  # a forked child would have no neighbour threads
+            self._forked.update(self._time_in(again, FORKED))
+
+    def _time_in(self, blocks: dict[str, int], extra: Sequence[str]) -> list[str]:
+        """One process repeats each test of `blocks` its number of times (with `extra`
+        options); the tests that passed every repetition, each given its seconds per
+        repetition."""
         if not blocks or not self.host.budget_left():
-            return
+            return []
+        if extra == FORKED:
+            self._timed_forked.update(blocks)
         order = [n for n, times in blocks.items() for _ in range(times)]
         done = self.host.replay(order, seed=self._first_seed(order[0]), kind="repeat",
-                                exclusive=True)  # fmt: skip
+                                extra=extra, exclusive=True)  # fmt: skip
+        timed = []
         for nodeid, times in blocks.items():
             attempt = done.attempts.get(nodeid)
             if attempt is not None and not attempt.failed:
                 self._per_repetition[nodeid] = max(attempt.stop - attempt.start, 1e-3) / times
+                timed.append(nodeid)
+        return timed
 
     def _first_seed(self, nodeid: str) -> int | None:
         return next((a.seed for a in self.store.run_attempts.values()
@@ -279,8 +318,8 @@ class ParallelCheck:
         mine = [nodeid] * times
         with self.host.only() as token, concurrent.futures.ThreadPoolExecutor(1) as pair:
             other = pair.submit(self.host.replay, others, seed=seed, kind="beside", group=token)
-            done = self.host.replay(mine, seed=seed, kind="beside", extra=FIRST_FAILURE,
-                                    group=token)  # fmt: skip
+            extra = FIRST_FAILURE + (FORKED if nodeid in self._forked else ())
+            done = self.host.replay(mine, seed=seed, kind="beside", extra=extra, group=token)
             beside = other.result()
         return _PairRun(done.outcome(nodeid)[0] is True, _span(done.attempts.values()),
                         _span(beside.attempts.values()))  # fmt: skip

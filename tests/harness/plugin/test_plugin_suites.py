@@ -36,8 +36,8 @@ def test_every_defect_has_a_suite() -> None:
     assert set(NAMES) == {
         "brittle", "brittle_setters", "capture", "capture_leak", "capture_library_error",
         "capture_polluter", "cleaners", "collisions", "crash", "cuda_core_capture", "flaky",
-        "frozen_config", "hang", "hidden_victims", "leftover_file", "neighbour_state",
-        "ordinary", "polluter", "shared_dir",
+        "frozen_config", "hang", "hidden_victims", "import_once", "leftover_file",
+        "neighbour_state", "ordinary", "polluter", "shared_dir",
         # issue 25, `capsafe sweep --fix` (tests/harness/fix/test_fix_end_to_end.py)
         "fix_attribute", "fix_brittle", "fix_cleaner", "fix_env", "fix_registry",
     }  # fmt: skip
