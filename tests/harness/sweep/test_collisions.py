@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from serial_host import SerialHost
 from test_sweep import FAST, by_id, summary_of, sweep
 
 from capsafe_harness.sweep.host import Replayed
@@ -35,7 +35,7 @@ def attempt(nodeid: str, run: str, worker: str, start: float, stop: float, *, fa
                    start, 7, "boom" if failed else "", stop=stop)  # fmt: skip
 
 
-class PairHost:
+class PairHost(SerialHost):
     """A host on which the victim fails beside `partner` (in a pair run, or in a run with
     it in another process) and passes in any single process: a collision."""
 
@@ -46,7 +46,7 @@ class PairHost:
         self._pair: list[Sequence[str]] = []
         self._victims = 0  # the test's sides of pair runs so far
         self._cond = threading.Condition()
-        self.notes: list[str] = []
+        super().__init__()
 
     def replay(
         self, sequence: Sequence[str], *, seed: int | None, kind: str,
@@ -67,23 +67,6 @@ class PairHost:
         found = {n: attempt(n, kind, "main", 0.0, 1.0, failed=failed and n == VICTIM)
                  for n in sequence}  # fmt: skip
         return Replayed(kind, found, 0, True, Path("log"))
-
-    def only(self) -> AbstractContextManager[object]:
-        return nullcontext(object())
-
-    def pool(
-        self, desc: str, jobs: Sequence[Any], work: Callable[[Any, int], list[Any]],
-        target: Callable[[Any], str | None] | None = None,
-    ) -> None:  # fmt: skip
-        queue = list(jobs)
-        while queue:
-            queue += work(queue.pop(0), 0)
-
-    def budget_left(self) -> bool:
-        return True
-
-    def note(self, text: str) -> None:
-        self.notes.append(text)
 
 
 def store_with_collision(tmp_path: Path, others: int) -> EvidenceStore:
