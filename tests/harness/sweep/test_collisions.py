@@ -8,6 +8,7 @@ its partner is found by group testing over the tests that overlapped it.
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 from collections import Counter
 from collections.abc import Sequence
@@ -310,17 +311,24 @@ def test_a_failure_with_no_other_worker_running_is_no_suspect(tmp_path: Path) ->
     assert check.suspects() == []
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(600)  # a hang watchdog
-def test_the_planted_collisions_are_parallel_unsafe_with_no_order_search(tmp_path: Path) -> None:
-    suite = SUITES / "collisions"
+def sweep_by_key(
+    suite: Path, tmp_path: Path
+) -> tuple[dict[str, Any], Path, subprocess.CompletedProcess[str], dict[str, Any]]:
+    """(its answer key, --out, the finished sweep, its summary) of a planted suite swept
+    with its key's options; the sweep exits 1, as a sweep that found something does."""
     key = json.loads((suite / "answer_key.json").read_text())
     options = [f"--{k.replace('_', '-')}={v}" for k, v in key["sweep"].items()]
     out = tmp_path / "o"
     done = sweep(str(suite), *options, "--timeout", "10", "--out", str(out), *FAST,
                  cwd=tmp_path, timeout=570)  # fmt: skip
     assert done.returncode == 1, done.stderr
-    summary = summary_of(out)
+    return key, out, done, summary_of(out)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # a hang watchdog
+def test_the_planted_collisions_are_parallel_unsafe_with_no_order_search(tmp_path: Path) -> None:
+    key, out, done, summary = sweep_by_key(SUITES / "collisions", tmp_path)
     tests = by_id(summary)
     colliding = {n for n, t in key["tests"].items() if t["classification"] == "parallel-unsafe"}
     for nodeid, want in key["tests"].items():
@@ -351,14 +359,7 @@ def test_a_partner_that_collides_in_its_module_teardown_is_named(tmp_path: Path)
     partner's own test does nothing to the directory, so a pair run names it only if each
     repetition tears its module down (harness/plugin/repeats.py; before, the test's side
     passed every pair run and no partner was named)."""
-    suite = SUITES / "shared_dir"
-    key = json.loads((suite / "answer_key.json").read_text())
-    options = [f"--{k.replace('_', '-')}={v}" for k, v in key["sweep"].items()]
-    out = tmp_path / "o"
-    done = sweep(str(suite), *options, "--timeout", "10", "--out", str(out), *FAST,
-                 cwd=tmp_path, timeout=570)  # fmt: skip
-    assert done.returncode == 1, done.stderr
-    summary = summary_of(out)
+    _, _, done, summary = sweep_by_key(SUITES / "shared_dir", tmp_path)
     victim = by_id(summary)["test_index.py::test_index_name"]
     assert victim["classification"] == "parallel-unsafe", (victim, done.stderr)
     assert victim["collides_with"] == ["test_cleanup.py::test_cleanup_name"], victim["why"]
@@ -375,14 +376,7 @@ def test_a_partner_of_a_test_that_cannot_run_twice_in_a_process_is_named(tmp_pat
     module it first expects not to be importable, so it fails its second run in one
     process. Its pair runs repeat it in forked children (harness/plugin/forked.py); run
     once a pair run, as before, it collided about half the time and seldom 3 of 3."""
-    suite = SUITES / "import_once"
-    key = json.loads((suite / "answer_key.json").read_text())
-    options = [f"--{k.replace('_', '-')}={v}" for k, v in key["sweep"].items()]
-    out = tmp_path / "o"
-    done = sweep(str(suite), *options, "--timeout", "10", "--out", str(out), *FAST,
-                 cwd=tmp_path, timeout=570)  # fmt: skip
-    assert done.returncode == 1, done.stderr
-    summary = summary_of(out)
+    key, out, done, summary = sweep_by_key(SUITES / "import_once", tmp_path)
     nodeid = "test_loader.py::test_load_plugin"
     victim = by_id(summary)[nodeid]
     assert victim["classification"] == "parallel-unsafe", (victim, done.stderr)
