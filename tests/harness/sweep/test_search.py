@@ -75,8 +75,17 @@ def test_a_known_cause_is_asked_first_and_ends_the_search() -> None:
     candidates = names(64)
     pair = (candidates[5], candidates[50])
     result = search("v", candidates, needs(*pair, log=log), hints=[("x",), pair])
-    assert result.culprits == pair and result.replays == 2
-    assert log == [("x",), pair]
+    assert result.culprits == pair and result.replays == 4  # and each half alone: no
+    assert log[:2] == [("x",), pair] and sorted(log[2:]) == [(pair[0],), (pair[1],)]
+
+
+def test_a_known_cause_of_several_tests_is_cut_to_what_this_victim_needs() -> None:
+    # freezegun, seed 4: a victim of test_should_not_skip_cpython alone was named with the
+    # pair another victim needs, which reproduced but was not minimal.
+    candidates = names(64)
+    pair = (candidates[5], candidates[50])
+    result = search("v", candidates, needs(candidates[5]), hints=[pair])
+    assert result.culprits == (candidates[5],) and result.reproduced
 
 
 def test_ddmin_stops_at_its_cap_and_says_so() -> None:
