@@ -22,9 +22,7 @@ from typing import Any
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _STDLIB_DIR = os.path.dirname(os.path.abspath(threading.__file__)) + os.sep
 
-# (code object, offset of its instruction): the line is looked up only when someone reads
-# it (`f_lineno` scans the code's line table: a twentieth of what a hooked capture cost).
-Site = tuple[Any, int] | None
+Site = tuple[Any, int] | None  # (code object, line): formatted only when someone reads it
 
 
 @dataclass(frozen=True)
@@ -62,23 +60,19 @@ def _is_package_file(filename: str) -> bool:
 
 def outside_frame(frame: FrameType | None) -> FrameType | None:
     """The innermost frame from `frame` outward that is not capsafe's own code (None: none)."""
-    # The cached test inline, not `_in_package`: a capture's begin walks its capsafe frames
-    # here, and a Python call per frame was a fifth of the calls a hooked capture made.
-    while frame is not None and _is_package_file(frame.f_code.co_filename):
+    while frame is not None and _in_package(frame):
         frame = frame.f_back
     return frame
 
 
 def site_of(frame: Any) -> Site:
-    return None if frame is None else (frame.f_code, frame.f_lasti)
+    return None if frame is None else (frame.f_code, frame.f_lineno)
 
 
 def outer_site(frame: Any) -> Site:
     """The innermost frame outside the capsafe package: the caller's own line."""
-    found = outside_frame(frame)
-    if found is None:
-        found = frame
-    return None if found is None else (found.f_code, found.f_lasti)
+    outside = outside_frame(frame)
+    return site_of(outside if outside is not None else frame)
 
 
 def holder_site(frame: Any) -> Site:
@@ -101,16 +95,8 @@ def holder_site(frame: Any) -> Site:
 def format_site(site: Site) -> str:
     if site is None:
         return "?"
-    code, offset = site
-    return f"{_short(code.co_filename)}:{_line(code, offset)} in {code.co_name}"
-
-
-def _line(code: Any, offset: int) -> int:
-    """The line of the instruction at `offset` in `code`, as `frame.f_lineno` says it."""
-    for start, end, line in code.co_lines():
-        if start <= offset < end and line is not None:
-            return int(line)
-    return int(code.co_firstlineno)
+    code, line = site
+    return f"{_short(code.co_filename)}:{line} in {code.co_name}"
 
 
 def _short(path: str) -> str:

@@ -35,11 +35,7 @@ class _GateRelease(_GateObservability):
                 if guard._generation != self._generation:
                     guard._released = True
                     return True  # taken before fork: the child's gate never held it
-                guards = self._guards
-                if len(guards) == 1 and guards[0] is guard:  # the only window: no list to filter
-                    remaining = []
-                else:
-                    remaining = [g for g in guards if g is not guard]
+                remaining = [g for g in self._guards if g is not guard]
                 if not remaining and self._teardown:
                     self._run_teardown_locked()  # still exclusive: nothing begins beside it
                 # Stores only from here to the end of the transition: a signal lands at a
@@ -53,20 +49,13 @@ class _GateRelease(_GateObservability):
                 self._owner = None
                 self._harmful = _NOTHING
                 self._closed = self._writers_waiting > 0
-                # The wake-ups, only where a thread waits (the common capture loop has
-                # none: it makes no call here).
-                for rec in self._records:
-                    if rec.waiting:
-                        if self._wake_waiting_sections():
-                            self._may_enter.notify_all()
-                        break
-                if self._capture_sleepers:  # captures waiting, nested ones too
-                    self._may_capture.notify_all()
+                if self._wake_waiting_sections():
+                    self._may_enter.notify_all()
+                self._may_capture.notify_all()
                 # Taken last: a signal at a wake-up above leaves them on the gate, for
                 # _finish_release to run.
                 deferred, self._deferred = self._deferred, []
-            if deferred:
-                _run_deferred(deferred)
+            _run_deferred(deferred)
         except BaseException:
             self._give_back(deferred)
             raise

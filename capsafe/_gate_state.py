@@ -103,7 +103,6 @@ class _GateState:
     _retired_entered: int
     _contended: int
     _capture_waits: int
-    _capture_sleepers: int  # captures inside their wait now (on `_may_capture`)
     _bypassed: int
     _admitted: int
     _captures: int

@@ -203,7 +203,6 @@ class CaptureGate(_GateWaiting):
         self._generation = getattr(self, "_generation", 0) + 1
         self._retired_entered = 0
         self._contended = self._capture_waits = self._bypassed = self._admitted = 0
-        self._capture_sleepers = 0
         self._captures = self._deferred_total = 0
         self._max_wait = 0.0
         self._bypassed_calls = Counter()
@@ -297,56 +296,34 @@ class CaptureGate(_GateWaiting):
         `exit()` did not change. Either way the section is closed and the exception
         raised on; nothing is added to the uncontended path but two attribute loads.
         """
-        enter, exit_, tls, gate = self.enter, self.exit, self._tls, self
+        enter, exit_, tls = self.enter, self.exit, self._tls
 
         def section(name: str | None, *args: Any, **kwargs: Any) -> Any:
-            # The uncontended outermost section inline, as `enter` and `exit` make it
-            # (publish the depth, then look at `closed`): stores only, so no signal lands
-            # in it, and no Python call of the gate's on the common path.
             try:
-                rec: _Record | None = tls.rec
-            except AttributeError:
-                rec = None
-            if rec is not None and rec.depth == 0:
-                rec.depth = 1
-                if gate._closed:
-                    rec.depth = 0  # a capture holds or waits: `enter` decides (and wakes it)
-                    rec = None
-                else:
-                    rec.entered += 1
-            else:
-                rec = None
-            if rec is None:
-                try:
-                    enter(name)
-                except BaseException as exc:
-                    if raised_here(exc, enter):  # it landed after enter returned: ours
-                        depth = tls.rec.depth
-                        try:
+                enter(name)
+            except BaseException as exc:
+                if raised_here(exc, enter):  # it landed after enter returned: the section is ours
+                    depth = tls.rec.depth
+                    try:
+                        exit_()
+                    except BaseException:
+                        if tls.rec.depth == depth:
                             exit_()
-                        except BaseException:
-                            if tls.rec.depth == depth:
-                                exit_()
-                            raise
-                    raise
+                        raise
+                raise
             try:
                 result = fn(*args, **kwargs)  # stored, not returned: see the finally below
             finally:
                 # Not reached by a `return` inside the try: CPython copies the finally
                 # body after that return's call, outside the try, where a signal would
                 # skip it.
-                if rec is not None and rec.depth == 1:  # entered inline: leave inline
-                    rec.depth = 0
-                    if gate._closed:
-                        gate._wake()
-                else:
-                    depth = tls.rec.depth
-                    try:
+                depth = tls.rec.depth
+                try:
+                    exit_()
+                except BaseException:
+                    if tls.rec.depth == depth:  # it landed before exit() changed anything
                         exit_()
-                    except BaseException:
-                        if tls.rec.depth == depth:  # it landed before exit() changed anything
-                            exit_()
-                        raise
+                    raise
             return result
 
         if classify is None:
@@ -380,10 +357,7 @@ class CaptureGate(_GateWaiting):
         appended to in the same step that registers it, so a caller whose code a
         signal interrupts right after this call returns still finds (and releases) it.
         """
-        try:
-            rec = self._tls.rec
-        except AttributeError:
-            rec = self._record()
+        rec = self._record()
         site = outer_site(sys._getframe(1))
         made: list[CaptureGuard] = [] if into is None else into
         try:
@@ -419,28 +393,16 @@ class CaptureGate(_GateWaiting):
             self._writers_waiting += 1
             self._closed = True
             try:
-                # Ready at once, the common case, told without a call: no owner, and no
-                # other thread in a section or granted one (its record, scanned only now
-                # that `closed` is set). Anything else, the wait decides exactly.
-                ready = self._owner is None
-                if ready:
-                    for other in self._records:
-                        if other is not rec and (
-                            other.granted or (other.depth and not other.aside)
-                        ):
-                            ready = False
-                            break
-                if not ready:
-                    self._may_capture.notify_all()  # our sections are set aside now
-                    self._wait_until(
-                        lambda: (
-                            self._owner is None
-                            and not self._grants_pending()
-                            and not self._blocking_records(rec)
-                        ),
-                        timeout,
-                        label,
-                    )
+                self._may_capture.notify_all()
+                self._wait_until(
+                    lambda: (
+                        self._owner is None
+                        and not self._grants_pending()
+                        and not self._blocking_records(rec)
+                    ),
+                    timeout,
+                    label,
+                )
             except BaseException:
                 rec.aside = False
                 rec.waiting = _NOT_WAITING

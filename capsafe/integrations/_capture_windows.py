@@ -36,6 +36,27 @@ def gate_of(driver: Backend) -> CaptureGate | None:
     return driver.gate if isinstance(driver, GatedDriver) else None
 
 
+def exclusive(
+    driver: Backend,
+    mode: CaptureMode,
+    kind: Callable[[], StreamKind],
+    label: str,
+    into: list[CaptureGuard],
+) -> None:
+    """Take the exclusive side for one window as `driver.stream_begin_capture` would.
+
+    The guard is appended to `into` as the gate registers it (nothing when `driver`
+    gates nothing). `kind` is only called under the measured policy (it may cost a
+    driver query).
+    """
+    if not isinstance(driver, GatedDriver) or driver.gate is None:
+        return
+    harmful = None if driver.policy == "conservative" else breaking_calls(mode, kind())
+    driver.gate.begin_capture(
+        harmful=harmful, label=label, timeout=driver.capture_timeout, into=into
+    )
+
+
 def _safely(still_active: Callable[[], bool]) -> bool:
     try:
         return still_active()
@@ -49,8 +70,8 @@ class Windows:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._open: dict[Hashable, CaptureGuard] = {}
-        # Begins in flight: id of their guard list -> (thread ident, guard list).
-        self._beginning: dict[int, tuple[int, list[CaptureGuard]]] = {}
+        # Begins in flight: id of their guard list -> (thread, guard list).
+        self._beginning: dict[int, tuple[threading.Thread, list[CaptureGuard]]] = {}
         self.hooked = False  # the framework's methods are replaced (install() .. uninstall())
         self.opened = 0  # windows begun so far: tells one window from the next
 
@@ -60,59 +81,40 @@ class Windows:
     def begin(
         self,
         key: Hashable,
-        driver: Backend,
-        mode: CaptureMode,
-        kind: Callable[[], StreamKind],
-        label: str,
+        take: Callable[[list[CaptureGuard]], None],
         begin: Callable[[], T],
         abort: Callable[[], object],
         still_active: Callable[[], bool],
         *,
         hooked: bool = False,
     ) -> T:
-        """Take the exclusive side as `driver.stream_begin_capture` would for a `mode` capture
-        (nothing when `driver` gates nothing), record the guard under `key`, run `begin()`.
+        """Take the guard (`take` appends it), record it under `key`, run the framework's begin.
 
-        `kind` (the stream's kind) is only called under the measured policy: it may cost
-        a driver query. `hooked`: called through a replaced method, which `uninstall()`
-        may have put back meanwhile; then the framework's begin runs alone, as after
-        uninstall. When this raises, `abort()` has ended a capture that `still_active()`
-        says began, and the guard is released.
+        `hooked`: called through a replaced method, which `uninstall()` may have put
+        back meanwhile; then the framework's begin runs alone, as after uninstall.
+        When this raises, `abort()` has ended a capture that `still_active()` says
+        began, and the guard is released.
         """
-        # Every capture of a hooked framework comes here: no Python call of its own but
-        # the gate's and `begin`, and one lock (the thread by ident, the rest single dict
-        # steps). The guard is appended to `made` as the gate registers it.
         made: list[CaptureGuard] = []
         token = id(made)
         calling = False
         try:
-            # In flight first, then `hooked` read: `unhook` clears `hooked` first, then
-            # looks, so either it sees this begin or this begin sees it cleared.
-            self._beginning[token] = (threading.get_ident(), made)
-            if hooked and not self.hooked:
-                with self._lock:  # an unhook that saw us restores `hooked` before it unlocks
-                    alone = not self.hooked  # uninstalled while on its way in
-                    if alone:
-                        del self._beginning[token]
-                if alone:
-                    return begin()
-            if isinstance(driver, GatedDriver) and driver.gate is not None:
-                harmful = None if driver.policy == "conservative" else breaking_calls(mode, kind())
-                driver.gate.begin_capture(
-                    harmful=harmful, label=label, timeout=driver.capture_timeout, into=made
-                )
+            with self._lock:
+                alone = hooked and not self.hooked  # uninstalled while on its way in
+                if not alone:
+                    self._beginning[token] = (threading.current_thread(), made)
+            if alone:
+                return begin()
+            take(made)
             if made:  # recorded before the framework begins, unless the key is in use
-                guard = made[0]
-                early = self._open.setdefault(key, guard) is guard
+                with self._lock:
+                    early = key not in self._open
+                    if early:
+                        self._open[key] = made[0]
             calling = True
             result = begin()
             if made:
-                with self._lock:
-                    stale = None if early else self._open.get(key)
-                    self._open[key] = guard
-                    self.opened += 1
-                if stale is not None and stale is not guard:
-                    stale.release()  # the framework reused a key whose end we never saw
+                self._record(key, made[0], early)
             self._beginning.pop(token, None)  # inside the try: a signal after it undoes all
         except BaseException as exc:
             self._beginning.pop(token, None)
@@ -121,6 +123,14 @@ class Windows:
             self._undo(key, made, abort, still_active if began else None)
             raise
         return result
+
+    def _record(self, key: Hashable, guard: CaptureGuard, early: bool) -> None:
+        with self._lock:
+            stale = None if early else self._open.get(key)
+            self._open[key] = guard
+            self.opened += 1
+        if stale is not None and stale is not guard:
+            stale.release()  # the framework reused a key whose end we never saw
 
     def _undo(
         self,
@@ -212,9 +222,7 @@ class Windows:
     def in_flight(self) -> list[threading.Thread]:
         """Threads inside a begin right now."""
         with self._lock:
-            idents = [ident for ident, _ in list(self._beginning.values())]
-        threads = {thread.ident: thread for thread in threading.enumerate()}
-        return [threads[ident] for ident in idents if ident in threads]
+            return [thread for thread, _ in self._beginning.values()]
 
     def unhook(self, still_open: str = "capture(s) still open") -> None:
         """Stop hooked begins from taking the gate; refused while a window is open or begins.
@@ -223,24 +231,18 @@ class Windows:
         (`still_open` words them), for the integration to word.
         """
         with self._lock:
-            # Cleared first, then looked: a begin registers in flight first, then reads it
-            # (and, finding it cleared, waits for this lock to read it again).
-            was, self.hooked = self.hooked, False
-            busy = [ident for ident, _ in list(self._beginning.values())]
+            busy = [thread for thread, _ in self._beginning.values()]
             if busy:
-                self.hooked = was
-                names = {thread.ident: thread.name for thread in threading.enumerate()}
-                name = names.get(busy[0], f"ident {busy[0]}")
-                raise RuntimeError(f"thread {name!r} is inside a hooked begin")
+                raise RuntimeError(f"thread {busy[0].name!r} is inside a hooked begin")
             if self._open:
-                self.hooked = was
                 raise RuntimeError(f"{len(self._open)} {still_open}")
+            self.hooked = False
 
     def release_all(self) -> list[str]:
         """Release every guard still held (unended captures, begins in flight); their labels."""
         with self._lock:
             left, self._open = list(self._open.values()), {}
-            for _, made in list(self._beginning.values()):  # begins add to it without the lock
+            for _, made in self._beginning.values():
                 left.extend(g for g in made if g not in left)
         labels = []
         for guard in left:

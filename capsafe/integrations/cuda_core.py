@@ -31,7 +31,7 @@ from capsafe.backend import Backend
 from capsafe.errors import UsageError, raised_here
 from capsafe.handles import CaptureMode, StreamKind
 
-from ._capture_windows import Windows, gate_of
+from ._capture_windows import Windows, exclusive, gate_of
 from ._installer import Installer
 from ._patch import Patches
 
@@ -158,10 +158,7 @@ def _begin(driver: Backend, builder: Any, mode: str, begin: Any, close: Any, hoo
     try:
         result = windows.begin(
             id(builder),
-            driver,
-            ours,
-            lambda: _kind(builder),
-            label,
+            lambda into: exclusive(driver, ours, lambda: _kind(builder), label, into),
             functools.partial(begin, builder, mode),
             abort,
             lambda: builder.is_building,

@@ -36,7 +36,7 @@ from capsafe.errors import CudaError, raised_here
 from capsafe.gate import CaptureGate
 from capsafe.handles import CaptureMode, Context, HostPtr, StreamKind
 
-from ._capture_windows import Windows
+from ._capture_windows import Windows, exclusive
 from ._installer import Installer
 from ._patch import Patches, defining_class
 
@@ -187,25 +187,23 @@ def _kind(stream: Any) -> StreamKind:
     return StreamKind.NONBLOCKING if stream.is_non_blocking else StreamKind.BLOCKING
 
 
-def _window(cupy: Any, stream: Any, mode: Any) -> tuple[CaptureMode, Callable[[], StreamKind], str]:
-    """The mode, stream kind and label of a capture on `stream` (see `Windows.begin`)."""
+def _taker(driver: Backend, cupy: Any, stream: Any, mode: Any) -> Callable[[list[Any]], None]:
+    """What takes the exclusive side for a capture on `stream` (see `Windows.begin`)."""
     ours = _mode(cupy, mode)
-    return ours, lambda: _kind(stream), f"CuPy stream {stream.ptr:#x} ({ours})"
+    label = f"CuPy stream {stream.ptr:#x} ({ours})"
+    return lambda into: exclusive(driver, ours, lambda: _kind(stream), label, into)
 
 
 def _begin_window(
     driver: Backend, cupy: Any, stream: Any, mode: Any, begin: Any, end: Any, hooked: bool
 ) -> None:
     """`begin(stream, mode)` in a window; when this raises, nothing began and nothing is held."""
-    ours, kind, label = _window(cupy, stream, mode)
+    take = _taker(driver, cupy, stream, mode)
     abort = functools.partial(end, stream)
     try:
         windows.begin(
             stream.ptr,
-            driver,
-            ours,
-            kind,
-            label,
+            take,
             functools.partial(begin, stream, mode),
             abort,
             stream.is_capturing,
@@ -326,18 +324,11 @@ def capture(
     end = state.original_end if state is not None else type(stream).end_capture
     result = Captured()
     native = getattr(cupy.cuda.runtime, _MODE_NAMES[ours])
-    _, kind, label = _window(cupy, stream, ours.value)
+    take = _taker(driver, cupy, stream, ours.value)
     abort = functools.partial(end, stream)
     try:
         windows.begin(
-            stream.ptr,
-            driver,
-            ours,
-            kind,
-            label,
-            functools.partial(begin, stream, native),
-            abort,
-            stream.is_capturing,
+            stream.ptr, take, functools.partial(begin, stream, native), abort, stream.is_capturing
         )
     except BaseException as exc:
         if raised_here(exc, Windows.begin):  # it landed after the window opened: close it again

@@ -19,7 +19,6 @@ captures are (stream, mode, call site, still open).
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import sysconfig
@@ -153,33 +152,17 @@ def call_site(frame: FrameType | None, skip: tuple[str, ...] = ()) -> str:
     When every frame is library code, the innermost frame outside this module.
     """
     first = None
+    dirs = _LIBRARY_DIRS + skip
     while frame is not None:
-        filename, library, own = _file(frame.f_code.co_filename, skip)
-        if first is None and not own:
+        filename = os.path.abspath(frame.f_code.co_filename)
+        if first is None and filename not in _OWN_FILES:
             first = frame
-        if not library and not own:
+        if not filename.startswith(dirs) and filename not in _OWN_FILES:
             return f"{_short(filename)}:{frame.f_lineno}"
         frame = frame.f_back
     if first is None:
         return "?"
-    return f"{_short(_file(first.f_code.co_filename, skip)[0])}:{first.f_lineno}"
-
-
-def _file(name: str, skip: tuple[str, ...]) -> tuple[str, bool, bool]:
-    """(absolute path, library code, this module) of a code object's file name: cached when
-    absolute (`abspath` reads the working directory, a system call, per frame per capture)."""
-    if os.path.isabs(name):
-        return _absolute_file(name, skip)
-    return _classify(os.path.abspath(name), skip)
-
-
-def _classify(path: str, skip: tuple[str, ...]) -> tuple[str, bool, bool]:
-    return path, path.startswith(_LIBRARY_DIRS + skip), path in _OWN_FILES
-
-
-@functools.lru_cache(maxsize=4096)
-def _absolute_file(name: str, skip: tuple[str, ...]) -> tuple[str, bool, bool]:
-    return _classify(os.path.abspath(name), skip)
+    return f"{_short(os.path.abspath(first.f_code.co_filename))}:{first.f_lineno}"
 
 
 def _short(path: str) -> str:

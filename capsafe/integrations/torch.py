@@ -33,7 +33,7 @@ from capsafe.backend import Backend
 from capsafe.errors import UsageError, raised_here
 from capsafe.handles import CaptureMode, StreamKind
 
-from ._capture_windows import Windows, gate_of
+from ._capture_windows import Windows, exclusive, gate_of
 from ._installer import Installer
 from ._patch import Patches, defining_class
 from .observe import TORCH_END_METHODS
@@ -114,34 +114,32 @@ class _Installation:
         finish = defining_class(graph_cls, "capture_end").__dict__["capture_end"]
         still_active: Callable[[], bool] = torch.cuda.is_current_stream_capturing
 
-        # Built once: what every capture's window needs that does not depend on the capture.
-        # The stream only under the measured policy: current_stream() costs ~10 us.
-        kind = lambda: _kind(torch, torch.cuda.current_stream())  # noqa: E731
-        partial, modes = functools.partial, _MODES
-
-        def capture_begin(graph: Any, *args: Any, **kwargs: Any) -> None:
-            # One frame of ours between torch and the window (`Windows.begin`), no helper
-            # for the mode in the common case (a mode's name), and a signal after the
-            # window opened is caught here, where it lands.
-            value = kwargs.get("capture_error_mode", args[1] if len(args) > 1 else "global")
-            mode = modes.get(value) if isinstance(value, str) else None
-            if mode is None:
-                mode = _mode(args, kwargs)
+        def begin_window(graph: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            mode = _mode(args, kwargs)
+            label = f"torch CUDAGraph {id(graph):#x} ({mode})"
+            abort = functools.partial(finish, graph)  # ends and finalizes a capture that began
+            # The stream only under the measured policy: current_stream() costs ~10 us.
+            kind = lambda: _kind(torch, torch.cuda.current_stream())  # noqa: E731
             try:
                 windows.begin(
                     graph,
-                    driver,
-                    mode,
-                    kind,
-                    f"torch CUDAGraph {id(graph):#x} ({mode})",
-                    partial(begin, graph, *args, **kwargs),
-                    partial(finish, graph),  # ends and finalizes a capture that began
+                    lambda into: exclusive(driver, mode, kind, label, into),
+                    functools.partial(begin, graph, *args, **kwargs),
+                    abort,
                     still_active,
                     hooked=True,
                 )
             except BaseException as exc:
                 if raised_here(exc, Windows.begin):  # it landed after the window opened
-                    windows.undo_begin(graph, partial(finish, graph), still_active)
+                    windows.undo_begin(graph, abort, still_active)
+                raise
+
+        def capture_begin(graph: Any, *args: Any, **kwargs: Any) -> None:
+            try:
+                begin_window(graph, args, kwargs)
+            except BaseException as exc:
+                if raised_here(exc, begin_window):  # it landed after the window opened
+                    windows.undo_begin(graph, functools.partial(finish, graph), still_active)
                 raise
 
         capture_begin.__doc__ = begin.__doc__

@@ -299,7 +299,6 @@ def _facade_watched(world: World) -> list[str]:
 
 def _gated_call(world: World) -> None:
     world.facade.mem_free(world.facade.mem_alloc(1 << 12))
-    world.facade.ctx_synchronize()  # a third section (the inline fast path has few points)
 
 
 def _gate_capture(world: World) -> None:

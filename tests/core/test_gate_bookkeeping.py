@@ -165,22 +165,6 @@ def test_each_holder_is_named_at_its_own_site() -> None:
     assert sites["waiting capture"].endswith(" in wait_to_capture"), sites
 
 
-def test_a_captures_site_names_the_line_that_began_it() -> None:
-    # The gate keeps the instruction's offset and finds its line only when read.
-    g = CaptureGate()
-    line = sys._getframe().f_lineno + 1
-    guard = g.begin_capture(timeout=JOIN_S)
-    multi_line = g.begin_capture(
-        timeout=JOIN_S,
-    )  # nested, begun by a call spread over three lines: its line is the call's first
-    try:
-        assert guard.site.endswith(f":{line} in test_a_captures_site_names_the_line_that_began_it")
-        assert f":{line + 1} in " in multi_line.site
-    finally:
-        multi_line.release()
-        guard.release()
-
-
 def test_a_capture_timeout_names_the_holders_but_not_the_waiting_capture_itself() -> None:
     g = CaptureGate()
     entered, leave = threading.Event(), threading.Event()

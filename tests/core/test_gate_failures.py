@@ -659,19 +659,12 @@ def test_a_signal_at_a_release_wake_up_loses_no_deferred_release(at: str) -> Non
     ran: list[int] = []
     guard = gate.begin_capture()
     assert gate.defer_if_capturing(ran.append, 1)
-    # The release wakes only where a thread waits: a section, or a capture.
-    if at == "_may_enter":
-        waiter = spawn(one_section(gate), name="section")
-        until(lambda: any(r.waiting for r in gate._records), "a section waiting")
-        gate._wake_waiting_sections = lambda: True  # type: ignore[method-assign]
-    else:
-        waiter = spawn(lambda: gate.begin_capture(timeout=JOIN_S).release(), name="capture")
-        until(lambda: waiting_captures(gate) == 1, "a capture waiting")
     condition = getattr(gate, at)
     condition.notify_all = raising_once(condition.notify_all)
+    if at == "_may_enter":  # the sections' wake-up runs only with a section waiting
+        gate._wake_waiting_sections = lambda: True  # type: ignore[method-assign]
     with pytest.raises(KeyboardInterrupt):
         guard.release()
-    join(waiter)
     assert ran == [1]
     assert not gate.holders() and gate.owned_by_current_thread() is False
     with gate.shared("mem_alloc"):  # usable afterwards
