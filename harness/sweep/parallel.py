@@ -21,8 +21,7 @@ down (harness/plugin/repeats.py): a collision of one module's teardown with anot
 setup (python-fs) needs both every time. A test that fails repeated so (python-fs's
 test_addpath imports a module it first expects not importable) is timed again with each
 repetition in a forked child (harness/plugin/forked.py) and repeated so in its pair runs;
-one that fails that way too is run once. A test whose in-process pair runs name nobody
-is searched once more with forked repetitions, from the pair runs it has left. A pair
+one that fails that way too is run once. A pair
 run whose test side was over while the group's still ran (a loaded machine) is run
 again, longer (`_PairRuns`): its pass said nothing. The likeliest candidate is tried
 alone first; a group beside which it fails is halved, the half that keeps it failing
@@ -77,7 +76,6 @@ class ParallelCheck:
         self.collided = False  # a test was found parallel-unsafe
         self._per_repetition: dict[str, float] = {}  # seconds, for tests that repeat cleanly
         self._forked: set[str] = set()  # of those, the ones that repeat only in forked children
-        self._timed_forked: set[str] = set()  # tests whose repetitions were timed forked
 
     # -- which failures are collisions -----------------------------------------------
     def suspects(self) -> list[str]:
@@ -207,24 +205,13 @@ class ParallelCheck:
         return []
 
     def _partner(self, nodeid: str) -> None:
-        """Group testing over its candidates (`_narrow`); when its repetitions in one
-        process named nobody, once more with each repetition in a forked child, from the
-        pair runs left: a test whose first run leaves state that its later runs in the
-        same process skip the colliding part for (a directory made once, a module
-        imported once) collides again only from the state it first ran in."""
+        """Group testing over its candidates (`_narrow`). A test whose repetitions in one
+        process named nobody is not tried again forked: the planted test_needs_no_xdist
+        (tests/harness/sweep/test_sweep_evidence.py), which fails in any xdist worker and
+        has no partner, then failed 3 of 3 beside the test next to it, a false partner."""
         pending = self.candidates(nodeid)
-        if not pending:
-            return
-        pairs = _PairRuns(self, nodeid)
-        if (self._narrow(nodeid, pending, pairs) or nodeid in self._timed_forked
-                or self.options.neighbors or not pairs.left()):  # fmt: skip
-            return  # named; or tried forked already; or no forking beside neighbour threads
-        if not self._time_in({nodeid: TIMING_REPEATS}, FORKED):
-            return  # it fails repeated forked too
-        with self.store.lock:
-            self._forked.add(nodeid)
-        pairs.repeat = self._per_repetition[nodeid]
-        self._narrow(nodeid, pending, pairs)
+        if pending:
+            self._narrow(nodeid, pending, _PairRuns(self, nodeid))
 
     def _narrow(self, nodeid: str, pending: list[str], pairs: _PairRuns) -> bool:
         """Until one candidate is confirmed K of K (True), none is left, or the pair runs
@@ -293,8 +280,6 @@ class ParallelCheck:
         repetition."""
         if not blocks or not self.host.budget_left():
             return []
-        if extra == FORKED:
-            self._timed_forked.update(blocks)
         order = [n for n, times in blocks.items() for _ in range(times)]
         done = self.host.replay(order, seed=self._first_seed(order[0]), kind="repeat",
                                 extra=extra, exclusive=True)  # fmt: skip

@@ -113,9 +113,8 @@ def test_the_pair_search_stops_when_no_candidate_makes_it_fail(tmp_path: Path) -
     check.run()
     ev = check.store.ev(VICTIM)
     assert ev.concurrent and ev.collides_with == []
-    # the likeliest alone, then all the others: exhausted; then the same two with each
-    # repetition forked (its repetitions timed forked once more: a second `repeat`)
-    assert len(host.groups) == 4 and host.kinds["repeat"] == 2
+    assert len(host.groups) == 2  # the likeliest alone, then all the others: exhausted
+    assert host.kinds["repeat"] == 1  # timed once, in one process: it repeats cleanly
 
 
 class Forking(PairHost):
@@ -156,17 +155,19 @@ def test_a_test_that_cannot_repeat_in_one_process_repeats_forked_beside_its_part
     assert len(host.sides) == VERIFY_TIMES and all(n > 1 and forked for n, forked in host.sides)
 
 
-def test_a_test_whose_in_process_pair_runs_find_nothing_is_tried_forked(tmp_path: Path) -> None:
-    """A test that repeats cleanly in one process but collides only from the state it
-    first ran in (a directory made once): the pair runs that repeat it in one process
-    name nobody, the same search with forked repetitions names its partner."""
+def test_a_test_whose_in_process_pair_runs_find_nothing_is_not_retried_forked(
+    tmp_path: Path,
+) -> None:
+    """A forked retry of the pair search named a false partner: the planted
+    test_needs_no_xdist, which fails in any xdist worker and has none, failed 3 of 3 in
+    forked pair runs beside the test next to it. A test that repeats cleanly in one
+    process keeps its in-process pair runs only."""
     host = Forking("t.py::test_0", repeatable=True)
     options = SweepOptions(paths=(tmp_path,), out=tmp_path, seed=1, workers=2)
     check = ParallelCheck(options, host, store_with_collision(tmp_path, 4))
     check.run()
-    assert check.store.ev(VICTIM).collides_with == ["t.py::test_0"]
-    assert [forked for _, forked in host.sides] == [False, False, *[True] * VERIFY_TIMES]
-    assert len(host.groups) <= MAX_PAIR_RUNS  # both searches share the test's bound
+    assert check.store.ev(VICTIM).collides_with == []
+    assert host.sides and not any(forked for _, forked in host.sides)
 
 
 def test_no_forked_repetitions_beside_neighbour_threads(tmp_path: Path) -> None:
