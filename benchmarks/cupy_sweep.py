@@ -61,8 +61,11 @@ def timed(
 
 
 def ran_tests(pytest_output: str) -> int:
-    """Tests the plain run reported (passed, failed, skipped, xfailed, ... and errors)."""
-    tail = pytest_output.strip().splitlines()[-1] if pytest_output.strip() else ""
+    """Tests the plain run reported (passed, failed, skipped, xfailed, ... and errors), read
+    from pytest's last summary line ("... in 1.23s"): a library may print after it at exit."""
+    summaries = [line for line in pytest_output.splitlines()
+                 if re.search(r"\bin [\d.]+s\b", line)]  # fmt: skip
+    tail = summaries[-1] if summaries else ""
     return sum(int(n) for n, _ in re.findall(r"(\d+) (passed|failed|skipped|xfailed|xpassed|error)",
                                             tail))  # fmt: skip
 

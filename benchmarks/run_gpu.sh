@@ -61,14 +61,14 @@ step sweep_capture bash -c 'capsafe sweep repro/suites/capture --runs 2 --worker
 
 # CuPy 14.2's own graph and stream tests (the lead copies them to .gpu/): one plain pytest
 # run, the sweep with and without --neighbors 2; the last line is the wall-time ratio.
-step cupy_sweep $PY benchmarks/cupy_sweep.py --suite .gpu/cupy-v14.2.0 --out "$OUT"
+step cupy_sweep $PY benchmarks/cupy_sweep.py --suite .gpu/cupy-v14.2.0 --out "$OUT/cupy_sweep"
 # The wider slice (issue 20): five more of CuPy's cuda_tests files beside the two, memory and
 # pool tests among them, copied from the tag (`git show v14.2.0:tests/cupy_tests/cuda_tests/F`);
 # --neighbors 2 only. test_thread_safe waits forever for a second GPU on a one-GPU host.
 slice=(graph stream memory device driver runtime pinned_memory)
 slice=("${slice[@]/#/tests/cupy_tests/cuda_tests/test_}")
-STEP_TIMEOUT=420 step cupy_more $PY benchmarks/cupy_sweep.py --suite .gpu/cupy-v14.2.0 \
-    --out "$OUT/cupy_more" --neighbors-only --timeout 20 --sweep-limit 360 --limit 100 --jobs 6 \
+STEP_TIMEOUT=530 step cupy_more $PY benchmarks/cupy_sweep.py --suite .gpu/cupy-v14.2.0 \
+    --out "$OUT/cupy_more" --neighbors-only --timeout 20 --sweep-limit 450 --limit 100 --jobs 6 \
     --deselect tests/cupy_tests/cuda_tests/test_device.py::TestDeviceSwitch::test_thread_safe \
     --files "${slice[@]/%/.py}"
 # Integrations (docs/integrations.md): CuPy's own graph and stream tests (.gpu/cupy-v14.2.0) and
@@ -77,6 +77,17 @@ STEP_TIMEOUT=420 step cupy_more $PY benchmarks/cupy_sweep.py --suite .gpu/cupy-v
 # test the unprotected sweep classifies capture-unsafe must pass in the protected one.
 step bench_integrations $PY benchmarks/integrations.py
 step bench_torch_protect $PY benchmarks/torch_protect.py
+# The torch.cuda.graph suite (a capture in each mode, issue 20): the sweep with and without
+# neighbours (its checks and cost ratio as for CuPy), the neighbour sweep again with
+# --capsafe-protect=torch (every capture-unsafe test must pass), and without neighbours the
+# same outcomes with and without the protection.
+step torch_sweep $PY benchmarks/cupy_sweep.py --suite benchmarks/torch_graph_suite \
+    --files test_torch_graph.py --out "$OUT/torch_sweep"
+step torch_sweep_protected bash -c 'cd benchmarks/torch_graph_suite && capsafe sweep test_torch_graph.py \
+    --runs 3 --workers 2 --seed 11 --neighbors 2 --no-progress --force --out "$0/torch_sweep_protected" \
+    -- --capsafe-protect=torch' "$(realpath "$OUT")"
+step protect_torch $PY -m capsafe_harness.report.protection "$OUT/torch_sweep/cupy_sweep_neighbors" "$OUT/torch_sweep_protected"
+step torch_same bash -c 'cd benchmarks/torch_graph_suite && o() { $0 -m pytest test_torch_graph.py -q -rA "$@" | grep -E "^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) " | cut -d" " -f1-2 | sort; }; a=$(o -p no:capsafe); b=$(o --capsafe-protect=torch); diff <(echo "$a") <(echo "$b") && echo "identical outcomes without capsafe and with --capsafe-protect=torch: $(echo "$a" | wc -l) tests"' "$PY"
 step cupy_same bash -c 'cd .gpu/cupy-v14.2.0 && o() { $0 -m pytest tests/cupy_tests/cuda_tests/test_graph.py tests/cupy_tests/cuda_tests/test_stream.py -q -rA -p no:cacheprovider "$@" | grep -E "^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) " | cut -d" " -f1-2 | sort; }; a=$(o -p no:capsafe); b=$(o --capsafe-protect=cupy); diff <(echo "$a") <(echo "$b") && echo "identical outcomes without capsafe and with --capsafe-protect=cupy: $(echo "$a" | wc -l) tests"' "$PY"
 step sweep_cupy_graph bash -c 'capsafe sweep .gpu/cupy-v14.2.0/tests/cupy_tests/cuda_tests/test_graph.py --runs 2 --workers 2 --seed 3 --isolation-runs 2 --neighbors 2 --timeout 60 --no-progress --protect cupy --out "$0/sweep_cupy_graph"; r=$?; "$1" -m capsafe_harness.report.protection "$0/sweep_cupy_graph"; [ $r -le 1 ]' "$OUT" "$PY"
 step sweep_cupy_graph_protected bash -c 'capsafe sweep .gpu/cupy-v14.2.0/tests/cupy_tests/cuda_tests/test_graph.py --runs 2 --workers 2 --seed 3 --isolation-runs 2 --neighbors 2 --timeout 60 --no-progress --out "$0/sweep_cupy_graph_protected" -- --capsafe-protect=cupy; [ $? -le 1 ]' "$OUT"

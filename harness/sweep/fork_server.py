@@ -302,6 +302,8 @@ def _become(session: pytest.Session, job: Job) -> None:
     settings = replace(
         _resolve(config), replay=job.nodeids, replay_file=job.replay_file, shuffle="none"
     )
+    if job.neighbors or job.protect:
+        _torch_cuda_first()
     before = set(manager.get_plugins())
     protect.configure(config)  # installs at the session start called below
     manager.register(CapsafeRun(config, settings), PLUGIN_NAME)
@@ -312,6 +314,22 @@ def _become(session: pytest.Session, job: Job) -> None:
         session=session, config=config, items=session.items
     )
     manager.subset_hook_caller("pytest_collection_finish", others)(session=session)
+
+
+def _torch_cuda_first() -> None:
+    """In a child of a server that imported torch, torch's CUDA starts before capsafe's
+    neighbour threads or integrations touch the driver. Measured on the H200 (torch
+    2.11.0+cu130, driver 580.159.04, 2026-12-02, docs/harness.md "The fork server"): in a
+    child forked from a process that imported torch, torch's own CUDA initialisation
+    crashed the child (SIGSEGV in `torch._C._cuda_init`) when `cuInit` had come first from
+    another thread (the neighbours) or without a current context; with torch's first, both
+    ran. A fresh process has no such order. Without a device (or CUDA) the test meets
+    torch's error itself, as in a fresh process."""
+    cuda = getattr(sys.modules.get("torch"), "cuda", None)
+    if cuda is None or cuda.is_initialized():
+        return
+    with contextlib.suppress(Exception):
+        cuda.init()
 
 
 def _collect_left_out(session: pytest.Session, paths: Sequence[str]) -> None:

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -457,6 +458,59 @@ def test_torch_asked_at_import_whether_cuda_is_available_still_forks(tmp_path: P
     finally:
         server.close()
     assert codes == [0, 0]
+
+
+@pytest.mark.cuda
+def test_a_torch_child_with_neighbour_threads_uses_the_gpu(tmp_path: Path) -> None:
+    """Regression (H200, torch 2.11.0+cu130, 2026-12-02): every forked child with neighbour
+    threads or `--capsafe-protect=torch` crashed (SIGSEGV in torch's `_cuda_init`) when the
+    neighbours' `cuInit` came before torch's own CUDA start; the crashes were read as
+    failures. Torch's CUDA now starts first in such a child."""
+    pytest.importorskip("torch")
+    test = (
+        "import torch\nassert torch.cuda.is_available()\n"
+        "def test_gpu():\n"
+        "    assert float(torch.ones(4, device='cuda').sum()) == 4\n"
+    )
+    suite = write_suite(tmp_path / "suite", {"test_torch.py": test})
+    env = {k: v for k, v in os.environ.items() if k != "PYTORCH_NVML_BASED_CUDA_CHECK"}
+    server = start(suite, tmp_path, env)
+    base = job(tmp_path, "neighbours", ["test_torch.py::test_gpu"])
+    jobs = [replace(base, neighbors=2), replace(base, job="protect", run_id="protect",
+                                                records=str(tmp_path / "protect"),
+                                                log=str(tmp_path / "protect.log"),
+                                                protect="torch")]  # fmt: skip
+    try:
+        codes = [server.submit(one).wait(300) for one in jobs]
+    finally:
+        server.close()
+    assert codes == [0, 0]
+
+
+FAKE_TORCH = (
+    "import sys, types\n"
+    "cuda = types.SimpleNamespace(started=False, is_initialized=lambda: cuda.started)\n"
+    "cuda.init = lambda: setattr(cuda, 'started', True)\n"
+    "sys.modules['torch'] = types.SimpleNamespace(cuda=cuda)\n"
+)
+
+
+def test_a_child_with_neighbours_starts_torchs_cuda_first_and_a_plain_child_does_not(
+    tmp_path: Path,
+) -> None:
+    """The order the H200 needs (test above), on a stand-in torch: a job with neighbour
+    threads finds torch's CUDA started; a job without them leaves it to the test, as a
+    fresh process does."""
+    test = "import sys\ndef test_started():\n    assert sys.modules['torch'].cuda.started\n"
+    suite = write_suite(tmp_path / "suite", {"conftest.py": FAKE_TORCH, "test_t.py": test})
+    server = start(suite, tmp_path)
+    with_neighbours = replace(job(tmp_path, "neighbours", ["test_t.py::test_started"]), neighbors=1)
+    plain = job(tmp_path, "plain", ["test_t.py::test_started"])
+    try:
+        codes = [server.submit(one).wait(120) for one in (with_neighbours, plain)]
+    finally:
+        server.close()
+    assert codes == [0, 1]
 
 
 def fake_proc(tmp_path: Path, maps: str, devices: Sequence[str]) -> Path:
