@@ -14,7 +14,14 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from capsafe._gate_state import _NESTED_WAIT, _NOTHING, _SHARED_WAIT, _Deferred, _union_all
+from capsafe._gate_state import (
+    _NESTED_WAIT,
+    _NOTHING,
+    _SHARED_WAIT,
+    _Deferred,
+    _union,
+    _union_all,
+)
 from capsafe._gate_stats import _GateObservability
 
 if TYPE_CHECKING:
@@ -42,8 +49,10 @@ class _GateRelease(_GateObservability):
                 # call, so the gate is never left half released (owner kept, guard gone).
                 guard._released = True
                 self._guards = remaining
-                if remaining:
-                    self._harmful = _union_all(g.harmful for g in remaining)
+                if remaining:  # a nested begin the owner waits in keeps its widening
+                    owner = self._owner
+                    widening = _NOTHING if owner is None else owner.widening
+                    self._harmful = _union(_union_all(g.harmful for g in remaining), widening)
                     return True
                 guard.record.aside = False
                 self._owner = None

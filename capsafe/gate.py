@@ -57,7 +57,7 @@ from typing import Any
 
 from capsafe import _state
 from capsafe._diagnostics import Site, current_frames, format_site, outer_site
-from capsafe._gate_state import _CAPTURE_WAIT, _NOT_WAITING, _union, _union_all
+from capsafe._gate_state import _CAPTURE_WAIT, _NOT_WAITING, _NOTHING, _union, _union_all
 from capsafe._gate_state import _Record as _Record  # re-exported: tests name the record type
 from capsafe._gate_stats import GateStats
 from capsafe._gate_waiting import GateTimeout, _GateWaiting
@@ -186,6 +186,7 @@ class CaptureGate(_GateWaiting):
         self._records = []
         if keep is not None:  # the thread that forked keeps its own open sections
             keep.aside = keep.granted = False
+            keep.widening = _NOTHING
             keep.waiting = _NOT_WAITING
             keep.thread = weakref.ref(threading.current_thread())
             keep.name = threading.current_thread().name
@@ -439,16 +440,21 @@ class CaptureGate(_GateWaiting):
         # Called under the lock by the owner. Widen the set first, so nothing new is
         # admitted under the narrower one, then drain the admitted sections still
         # running; the guard is registered only once that succeeded. None: another
-        # thread released our outer capture meanwhile, so this one is not nested.
+        # thread released our outer capture meanwhile, so this one is not nested. A
+        # release meanwhile keeps the set widened (`rec.widening`, read by _release).
+        widening = rec.widening
+        rec.widening = _union(widening, harmful)
         self._harmful = _union(self._harmful, harmful)
         try:
             self._wait_until(
                 lambda: self._owner is not rec or not self._running_admitted(rec), timeout, label
             )
         except BaseException:
+            rec.widening = widening
             if self._owner is rec:
-                self._harmful = _union_all(g.harmful for g in self._guards)
+                self._harmful = _union(_union_all(g.harmful for g in self._guards), widening)
             raise
+        rec.widening = widening
         if self._owner is not rec:
             return None
         guard = CaptureGuard(self, rec, harmful, label, site)
