@@ -42,7 +42,11 @@ class _GateRelease(_GateObservability):
                 if guard._generation != self._generation:
                     guard._released = True
                     return True  # taken before fork: the child's gate never held it
-                remaining = [g for g in self._guards if g is not guard]
+                guards = self._guards
+                if len(guards) == 1 and guards[0] is guard:  # the only window: nothing to filter
+                    remaining = []
+                else:
+                    remaining = [g for g in guards if g is not guard]
                 if not remaining and self._teardown:
                     self._run_teardown_locked()  # still exclusive: nothing begins beside it
                 # Stores only from here to the end of the transition: a signal lands at a
@@ -58,13 +62,22 @@ class _GateRelease(_GateObservability):
                 self._owner = None
                 self._harmful = _NOTHING
                 self._closed = self._writers_waiting > 0
-                if self._wake_waiting_sections():
-                    self._may_enter.notify_all()
-                self._may_capture.notify_all()
+                # The wake-ups only where a thread waits (a tight capture loop has none,
+                # and each is Python calls): a section marks its record `waiting` under the
+                # lock before it sleeps, a capture (nested ones too) counts itself in
+                # `_capture_sleepers`.
+                for rec in self._records:
+                    if rec.waiting:
+                        if self._wake_waiting_sections():
+                            self._may_enter.notify_all()
+                        break
+                if self._capture_sleepers:
+                    self._may_capture.notify_all()
                 # Taken last: a signal at a wake-up above leaves them on the gate, for
                 # _finish_release to run.
                 deferred, self._deferred = self._deferred, []
-            _run_deferred(deferred)
+            if deferred:
+                _run_deferred(deferred)
         except BaseException:
             self._give_back(deferred)
             raise

@@ -107,6 +107,7 @@ class _GateState:
     _retired_entered: int
     _contended: int
     _capture_waits: int
+    _capture_sleepers: int  # threads inside a capture's wait now (on `_may_capture`)
     _bypassed: int
     _admitted: int
     _captures: int
