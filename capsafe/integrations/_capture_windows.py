@@ -169,10 +169,7 @@ class Windows:
             if gate is not None:
                 gate.begin_capture(harmful=harmful, label=label, timeout=timeout, into=made)
             if made:  # recorded before the framework begins, unless the key is in use
-                with self._lock:
-                    early = key not in self._open
-                    if early:
-                        self._open[key] = made[0]
+                early = self._open.setdefault(key, made[0]) is made[0]  # one atomic step
             calling = True
             result = begin(key, *args, **kwargs)
             stale = None
