@@ -14,7 +14,14 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from capsafe._gate_state import _NESTED_WAIT, _NOTHING, _SHARED_WAIT, _Deferred, _union_all
+from capsafe._gate_state import (
+    _NESTED_WAIT,
+    _NOTHING,
+    _SHARED_WAIT,
+    _Deferred,
+    _union,
+    _union_all,
+)
 from capsafe._gate_stats import _GateObservability
 
 if TYPE_CHECKING:
@@ -35,27 +42,42 @@ class _GateRelease(_GateObservability):
                 if guard._generation != self._generation:
                     guard._released = True
                     return True  # taken before fork: the child's gate never held it
-                remaining = [g for g in self._guards if g is not guard]
+                guards = self._guards
+                if len(guards) == 1 and guards[0] is guard:  # the only window: nothing to filter
+                    remaining = []
+                else:
+                    remaining = [g for g in guards if g is not guard]
                 if not remaining and self._teardown:
                     self._run_teardown_locked()  # still exclusive: nothing begins beside it
                 # Stores only from here to the end of the transition: a signal lands at a
                 # call, so the gate is never left half released (owner kept, guard gone).
                 guard._released = True
                 self._guards = remaining
-                if remaining:
-                    self._harmful = _union_all(g.harmful for g in remaining)
+                if remaining:  # a nested begin the owner waits in keeps its widening
+                    owner = self._owner
+                    widening = _NOTHING if owner is None else owner.widening
+                    self._harmful = _union(_union_all(g.harmful for g in remaining), widening)
                     return True
                 guard.record.aside = False
                 self._owner = None
                 self._harmful = _NOTHING
                 self._closed = self._writers_waiting > 0
-                if self._wake_waiting_sections():
-                    self._may_enter.notify_all()
-                self._may_capture.notify_all()
+                # The wake-ups only where a thread waits (a tight capture loop has none,
+                # and each is Python calls): a section marks its record `waiting` under the
+                # lock before it sleeps, a capture (nested ones too) counts itself in
+                # `_capture_sleepers`.
+                for rec in self._records:
+                    if rec.waiting:
+                        if self._wake_waiting_sections():
+                            self._may_enter.notify_all()
+                        break
+                if self._capture_sleepers:
+                    self._may_capture.notify_all()
                 # Taken last: a signal at a wake-up above leaves them on the gate, for
                 # _finish_release to run.
                 deferred, self._deferred = self._deferred, []
-            _run_deferred(deferred)
+            if deferred:
+                _run_deferred(deferred)
         except BaseException:
             self._give_back(deferred)
             raise

@@ -34,7 +34,9 @@ class _Record:
     Written under the gate lock: `aside` marks a thread waiting for or holding
     the exclusive side (its shared sections do not block other captures);
     `waiting` what the thread waits for inside the gate; `granted` an entry
-    ahead of the next capture, which counts only while the thread still waits.
+    ahead of the next capture, which counts only while the thread still waits;
+    `widening` the harmful set of a nested capture the owner waits to begin (a release
+    meanwhile must not narrow the gate's set below it).
     """
 
     __slots__ = (
@@ -49,6 +51,7 @@ class _Record:
         "thread_id",
         "waiting",
         "waiting_since",
+        "widening",
     )
 
     def __init__(self) -> None:
@@ -60,6 +63,7 @@ class _Record:
         self.lax_window = 0
         self.waiting = _NOT_WAITING
         self.waiting_since = 0.0
+        self.widening: frozenset[str] | None = _NOTHING  # a nested begin's set, while it waits
         self.thread = weakref.ref(current)
         self.thread_id = threading.get_ident()
         self.name = current.name  # kept for messages after the thread has gone
@@ -103,6 +107,7 @@ class _GateState:
     _retired_entered: int
     _contended: int
     _capture_waits: int
+    _capture_sleepers: int  # threads inside a capture's wait now (on `_may_capture`)
     _bypassed: int
     _admitted: int
     _captures: int

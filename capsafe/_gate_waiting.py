@@ -163,6 +163,7 @@ class _GateWaiting(_GateRelease):
         self._capture_waits += 1
         start = self._now()
         deadline = None if timeout is None else start + timeout
+        self._capture_sleepers += 1  # a store, then the try: a release from now wakes us
         try:
             while not ready():
                 remaining = self._remaining(deadline)
@@ -173,6 +174,7 @@ class _GateWaiting(_GateRelease):
                     self._poll_s() if remaining is None else min(remaining, self._poll_s()),
                 )
         finally:
+            self._capture_sleepers -= 1
             self._note_wait(self._now() - start)
 
     def _grants_pending(self) -> bool:

@@ -57,7 +57,7 @@ from typing import Any
 
 from capsafe import _state
 from capsafe._diagnostics import Site, current_frames, format_site, outer_site
-from capsafe._gate_state import _CAPTURE_WAIT, _NOT_WAITING, _union, _union_all
+from capsafe._gate_state import _CAPTURE_WAIT, _NOT_WAITING, _NOTHING, _union, _union_all
 from capsafe._gate_state import _Record as _Record  # re-exported: tests name the record type
 from capsafe._gate_stats import GateStats
 from capsafe._gate_waiting import GateTimeout, _GateWaiting
@@ -186,6 +186,7 @@ class CaptureGate(_GateWaiting):
         self._records = []
         if keep is not None:  # the thread that forked keeps its own open sections
             keep.aside = keep.granted = False
+            keep.widening = _NOTHING
             keep.waiting = _NOT_WAITING
             keep.thread = weakref.ref(threading.current_thread())
             keep.name = threading.current_thread().name
@@ -203,6 +204,7 @@ class CaptureGate(_GateWaiting):
         self._generation = getattr(self, "_generation", 0) + 1
         self._retired_entered = 0
         self._contended = self._capture_waits = self._bypassed = self._admitted = 0
+        self._capture_sleepers = 0
         self._captures = self._deferred_total = 0
         self._max_wait = 0.0
         self._bypassed_calls = Counter()
@@ -357,7 +359,10 @@ class CaptureGate(_GateWaiting):
         appended to in the same step that registers it, so a caller whose code a
         signal interrupts right after this call returns still finds (and releases) it.
         """
-        rec = self._record()
+        try:
+            rec = self._tls.rec
+        except AttributeError:
+            rec = self._record()
         site = outer_site(sys._getframe(1))
         made: list[CaptureGuard] = [] if into is None else into
         try:
@@ -393,16 +398,30 @@ class CaptureGate(_GateWaiting):
             self._writers_waiting += 1
             self._closed = True
             try:
-                self._may_capture.notify_all()
-                self._wait_until(
-                    lambda: (
-                        self._owner is None
-                        and not self._grants_pending()
-                        and not self._blocking_records(rec)
-                    ),
-                    timeout,
-                    label,
-                )
+                # Free at once, the common case, told without a call: no owner, and no
+                # other thread in a section that blocks us or holding a grant. Stricter
+                # than the wait's test (a dead thread's section or a stale grant counts
+                # here), so it never takes what the wait would refuse; anything else,
+                # the wait decides exactly. Free, nobody else can take the gate before
+                # us (we hold the lock until we own it), so no capture needs waking.
+                free = self._owner is None
+                if free:
+                    for other in self._records:
+                        blocks = other.granted or (other.depth and not other.aside)
+                        if blocks and other is not rec:
+                            free = False
+                            break
+                if not free:
+                    self._may_capture.notify_all()  # our own sections are set aside now
+                    self._wait_until(
+                        lambda: (
+                            self._owner is None
+                            and not self._grants_pending()
+                            and not self._blocking_records(rec)
+                        ),
+                        timeout,
+                        label,
+                    )
             except BaseException:
                 rec.aside = False
                 rec.waiting = _NOT_WAITING
@@ -439,16 +458,21 @@ class CaptureGate(_GateWaiting):
         # Called under the lock by the owner. Widen the set first, so nothing new is
         # admitted under the narrower one, then drain the admitted sections still
         # running; the guard is registered only once that succeeded. None: another
-        # thread released our outer capture meanwhile, so this one is not nested.
+        # thread released our outer capture meanwhile, so this one is not nested. A
+        # release meanwhile keeps the set widened (`rec.widening`, read by _release).
+        widening = rec.widening
+        rec.widening = _union(widening, harmful)
         self._harmful = _union(self._harmful, harmful)
         try:
             self._wait_until(
                 lambda: self._owner is not rec or not self._running_admitted(rec), timeout, label
             )
         except BaseException:
+            rec.widening = widening
             if self._owner is rec:
-                self._harmful = _union_all(g.harmful for g in self._guards)
+                self._harmful = _union(_union_all(g.harmful for g in self._guards), widening)
             raise
+        rec.widening = widening
         if self._owner is not rec:
             return None
         guard = CaptureGuard(self, rec, harmful, label, site)

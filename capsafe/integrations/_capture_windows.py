@@ -20,7 +20,9 @@ import logging
 import threading
 from collections.abc import Callable, Hashable
 from contextlib import suppress
-from typing import TypeVar
+from functools import partial
+from threading import get_ident
+from typing import Any, TypeVar
 
 from capsafe.backend import Backend
 from capsafe.driver import GatedDriver, breaking_calls
@@ -64,14 +66,22 @@ def _safely(still_active: Callable[[], bool]) -> bool:
         return False
 
 
+def _thread(ident: int) -> threading.Thread:
+    """The thread of `ident` (a begin in flight records the ident: no Python call)."""
+    found = {thread.ident: thread for thread in threading.enumerate()}.get(ident)
+    if found is not None:
+        return found
+    return threading.Thread(name=f"thread {ident} (exited)")  # named for the message only
+
+
 class Windows:
     """Open windows by key. Thread-safe: a capture may end on another thread."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._open: dict[Hashable, CaptureGuard] = {}
-        # Begins in flight: id of their guard list -> (thread, guard list).
-        self._beginning: dict[int, tuple[threading.Thread, list[CaptureGuard]]] = {}
+        # Begins in flight: id of their guard list -> (thread ident, guard list).
+        self._beginning: dict[int, tuple[int, list[CaptureGuard]]] = {}
         self.hooked = False  # the framework's methods are replaced (install() .. uninstall())
         self.opened = 0  # windows begun so far: tells one window from the next
 
@@ -102,7 +112,7 @@ class Windows:
             with self._lock:
                 alone = hooked and not self.hooked  # uninstalled while on its way in
                 if not alone:
-                    self._beginning[token] = (threading.current_thread(), made)
+                    self._beginning[token] = (threading.get_ident(), made)
             if alone:
                 return begin()
             take(made)
@@ -121,6 +131,62 @@ class Windows:
             # An Exception from the framework's begin is a refusal: nothing began.
             began = calling and not isinstance(exc, Exception)
             self._undo(key, made, abort, still_active if began else None)
+            raise
+        return result
+
+    def begin_hooked(
+        self,
+        key: Any,
+        gate: CaptureGate | None,
+        harmful: frozenset[str] | None,
+        label: str,
+        timeout: float | None,
+        begin: Callable[..., T],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        abort: Callable[[Any], object],
+        still_active: Callable[[], bool],
+    ) -> T:
+        """`begin` for a replaced method: as `begin(key, take, ...)`, with the exclusive side
+        taken from `gate` itself (None: it gates nothing) and `begin(key, *args, **kwargs)`
+        the framework's begin, `abort(key)` its end.
+
+        The same steps and the same undo as `begin`, with no Python call of its own but
+        the gate's and the framework's and no object made per capture but the guard list:
+        every capture of a hooked framework comes here (a protected `torch.cuda.graph`
+        spent more in this bookkeeping than in the gate).
+        """
+        made: list[CaptureGuard] = []
+        token = id(made)
+        calling = False
+        try:
+            with self._lock:
+                alone = not self.hooked  # uninstalled while on its way in
+                if not alone:
+                    self._beginning[token] = (get_ident(), made)
+            if alone:
+                return begin(key, *args, **kwargs)
+            if gate is not None:
+                gate.begin_capture(harmful=harmful, label=label, timeout=timeout, into=made)
+            if made:  # recorded before the framework begins, unless the key is in use
+                early = self._open.setdefault(key, made[0]) is made[0]  # one atomic step
+            calling = True
+            result = begin(key, *args, **kwargs)
+            stale = None
+            if made:
+                with self._lock:
+                    if not early:
+                        stale = self._open.get(key)
+                    self._open[key] = made[0]
+                    self.opened += 1
+            self._beginning.pop(token, None)  # inside the try: a signal after it undoes all
+            if stale is not None and stale is not made[0]:
+                stale.release()  # the framework reused a key whose end we never saw
+        except BaseException as exc:
+            self._beginning.pop(token, None)
+            # An Exception from the framework's begin is a refusal: nothing began.
+            began = calling and not isinstance(exc, Exception)
+            self._undo(key, made, partial(abort, key), still_active if began else None)
             raise
         return result
 
@@ -159,9 +225,13 @@ class Windows:
         self._undo(key, [guard] if guard is not None else [], abort, still_active)
 
     def end(
-        self, key: Hashable, end: Callable[[], T], still_active: Callable[[], bool] | None = None
+        self,
+        key: Hashable,
+        end: Callable[..., T],
+        still_active: Callable[[], bool] | None = None,
+        args: tuple[Any, ...] | None = None,
     ) -> T:
-        """Run the framework's end call, then release the key's guard.
+        """Run the framework's end call (`end()`, or `end(*args)`), then release the key's guard.
 
         Also when the end call raises, unless `still_active()` says the capture is
         still open and intact (the driver refused to end it, e.g. from the wrong
@@ -171,7 +241,7 @@ class Windows:
         """
         taken = self._open.get(key)
         try:
-            result = end()
+            result = end() if args is None else end(*args)
         except BaseException as exc:
             # A signal that landed before the framework ended it: end it now.
             if (
@@ -180,7 +250,7 @@ class Windows:
                 and _safely(still_active)
             ):
                 with suppress(Exception):
-                    end()
+                    end() if args is None else end(*args)
             if taken is not None and still_active is not None and _safely(still_active):
                 raise  # still open: the guard stays for the end call that ends it
             try:
@@ -189,10 +259,15 @@ class Windows:
                 self._forget(key, taken)  # an exception at its entry: it did nothing yet
                 raise
             raise
-        try:
-            self._forget(key, taken)
+        if taken is None:
+            return result
+        try:  # _forget inline: one Python call fewer per window
+            with self._lock:
+                if self._open.get(key) is taken:
+                    del self._open[key]
+            taken.release()
         except BaseException:
-            self._forget(key, taken)
+            self._forget(key, taken)  # a signal before the release did anything: it does it
             raise
         return result
 
@@ -222,7 +297,8 @@ class Windows:
     def in_flight(self) -> list[threading.Thread]:
         """Threads inside a begin right now."""
         with self._lock:
-            return [thread for thread, _ in self._beginning.values()]
+            idents = [ident for ident, _ in self._beginning.values()]
+        return [_thread(ident) for ident in idents]
 
     def unhook(self, still_open: str = "capture(s) still open") -> None:
         """Stop hooked begins from taking the gate; refused while a window is open or begins.
@@ -231,9 +307,10 @@ class Windows:
         (`still_open` words them), for the integration to word.
         """
         with self._lock:
-            busy = [thread for thread, _ in self._beginning.values()]
+            busy = [ident for ident, _ in self._beginning.values()]
             if busy:
-                raise RuntimeError(f"thread {busy[0].name!r} is inside a hooked begin")
+                name = _thread(busy[0]).name
+                raise RuntimeError(f"thread {name!r} is inside a hooked begin")
             if self._open:
                 raise RuntimeError(f"{len(self._open)} {still_open}")
             self.hooked = False

@@ -30,10 +30,11 @@ from collections.abc import Callable
 from typing import Any
 
 from capsafe.backend import Backend
+from capsafe.driver import GatedDriver, breaking_calls
 from capsafe.errors import UsageError, raised_here
 from capsafe.handles import CaptureMode, StreamKind
 
-from ._capture_windows import Windows, exclusive, gate_of
+from ._capture_windows import Windows, gate_of
 from ._installer import Installer
 from ._patch import Patches, defining_class
 from .observe import TORCH_END_METHODS
@@ -114,31 +115,42 @@ class _Installation:
         finish = defining_class(graph_cls, "capture_end").__dict__["capture_end"]
         still_active: Callable[[], bool] = torch.cuda.is_current_stream_capturing
 
-        def begin_window(graph: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            mode = _mode(args, kwargs)
-            label = f"torch CUDAGraph {id(graph):#x} ({mode})"
-            abort = functools.partial(finish, graph)  # ends and finalizes a capture that began
-            # The stream only under the measured policy: current_stream() costs ~10 us.
-            kind = lambda: _kind(torch, torch.cuda.current_stream())  # noqa: E731
-            try:
-                windows.begin(
-                    graph,
-                    lambda into: exclusive(driver, mode, kind, label, into),
-                    functools.partial(begin, graph, *args, **kwargs),
-                    abort,
-                    still_active,
-                    hooked=True,
-                )
-            except BaseException as exc:
-                if raised_here(exc, Windows.begin):  # it landed after the window opened
-                    windows.undo_begin(graph, abort, still_active)
-                raise
+        facade = driver if isinstance(driver, GatedDriver) else None
+        gated = gate_of(driver)
+        harmful_of: dict[tuple[CaptureMode, StreamKind], frozenset[str]] = {}
 
         def capture_begin(graph: Any, *args: Any, **kwargs: Any) -> None:
+            # Every protected capture comes here: one frame, then the window's and the
+            # gate's. Nothing is made per capture but the label (and the guard list).
+            value = kwargs.get("capture_error_mode", args[1] if len(args) > 1 else "global")
+            mode = _MODES.get(value) if isinstance(value, str) else None
+            if mode is None:
+                mode = _mode(args, kwargs)
+            if facade is None or gated is None:  # an ungated facade: the window takes nothing
+                harmful, timeout = None, None
+            elif facade.policy == "conservative":
+                harmful, timeout = None, facade.capture_timeout
+            else:  # the stream only under the measured policy: current_stream() costs ~10 us
+                kind = _kind(torch, torch.cuda.current_stream())
+                harmful = harmful_of.get((mode, kind))
+                if harmful is None:
+                    harmful = harmful_of[mode, kind] = breaking_calls(mode, kind)
+                timeout = facade.capture_timeout
             try:
-                begin_window(graph, args, kwargs)
+                windows.begin_hooked(
+                    graph,
+                    gated,
+                    harmful,
+                    f"torch CUDAGraph {id(graph):#x} ({mode})",
+                    timeout,
+                    begin,
+                    args,
+                    kwargs,
+                    finish,
+                    still_active,
+                )
             except BaseException as exc:
-                if raised_here(exc, begin_window):  # it landed after the window opened
+                if raised_here(exc, Windows.begin_hooked):  # it landed after the window opened
                     windows.undo_begin(graph, functools.partial(finish, graph), still_active)
                 raise
 
@@ -171,7 +183,7 @@ def _ender(end: Callable[[Any], Any], still_active: Callable[[], bool]) -> Calla
     def end_capture(graph: Any) -> Any:
         # Inline, not a helper: a signal at a helper's entry would end nothing.
         try:
-            result = windows.end(graph, functools.partial(end, graph), still_active)
+            result = windows.end(graph, end, still_active, (graph,))
         except BaseException as exc:
             if not isinstance(exc, Exception):  # a signal, maybe at windows.end's entry
                 windows.finish(graph, functools.partial(end, graph), still_active)

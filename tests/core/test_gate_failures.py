@@ -659,16 +659,37 @@ def test_a_signal_at_a_release_wake_up_loses_no_deferred_release(at: str) -> Non
     ran: list[int] = []
     guard = gate.begin_capture()
     assert gate.defer_if_capturing(ran.append, 1)
+    # A release wakes only where a thread waits: a section (here granted at once), or a
+    # capture.
+    if at == "_may_enter":
+
+        def section() -> None:
+            with gate:
+                pass
+
+        waiter = spawn(section, name="section")
+        _until(lambda: any(r.waiting for r in gate._records))
+        gate._wake_waiting_sections = lambda: True  # type: ignore[method-assign]
+    else:
+        waiter = spawn(lambda: gate.begin_capture(timeout=JOIN_S).release(), name="capture")
+        _until(lambda: gate._capture_sleepers == 1)
     condition = getattr(gate, at)
     condition.notify_all = raising_once(condition.notify_all)
-    if at == "_may_enter":  # the sections' wake-up runs only with a section waiting
-        gate._wake_waiting_sections = lambda: True  # type: ignore[method-assign]
     with pytest.raises(KeyboardInterrupt):
         guard.release()
+    join(waiter)
     assert ran == [1]
     assert not gate.holders() and gate.owned_by_current_thread() is False
     with gate.shared("mem_alloc"):  # usable afterwards
         pass
+
+
+def _until(condition: Callable[[], object]) -> None:
+    """Poll until `condition()` holds (a thread reached a wait), or fail after JOIN_S."""
+    deadline = time.monotonic() + JOIN_S
+    while not condition():
+        assert time.monotonic() < deadline, "the waiter never reached its wait"
+        time.sleep(0.001)
 
 
 def test_a_signal_in_one_deferred_release_keeps_the_rest_queued() -> None:

@@ -22,7 +22,7 @@ from test_gate_regressions import CallbackCondition, gated_call_recording
 
 from capsafe import gate as gate_module
 from capsafe.errors import UsageError
-from capsafe.gate import CaptureGate, GateTimeout
+from capsafe.gate import CaptureGate, CaptureGuard, GateTimeout
 
 pytestmark = pytest.mark.timeout(60)
 #: What a capture woken by a notification has to enter within; it normally takes
@@ -585,3 +585,66 @@ def test_a_capture_holder_names_where_it_began_and_owns_only_its_thread() -> Non
     assert owner_seen == [False] and g.owned_by_current_thread()
     guard.release()
     assert not g.owned_by_current_thread()
+
+
+# -- wake-ups only where a thread waits ---------------------------------------------------
+class CountingCondition(threading.Condition):
+    """A Condition that counts its notify_all calls."""
+
+    notified = 0
+
+    def notify_all(self) -> None:
+        self.notified += 1
+        super().notify_all()
+
+
+def counting(g: CaptureGate) -> tuple[CountingCondition, CountingCondition]:
+    g._may_enter = CountingCondition(g._lock)
+    g._may_capture = CountingCondition(g._lock)
+    return g._may_enter, g._may_capture
+
+
+def test_a_capture_with_nobody_waiting_wakes_nobody() -> None:
+    # A free gate is taken without a wake-up, and its release wakes nobody when no thread
+    # waits in the gate (each wake-up was Python calls on every protected capture).
+    g = CaptureGate()
+    with g:  # this thread's record (and a section set aside by the capture below)
+        pass
+    may_enter, may_capture = counting(g)
+    g.begin_capture(timeout=JOIN_S).release()
+    with g.shared("mem_alloc"):
+        g.begin_capture(timeout=JOIN_S).release()  # its own section is set aside: free
+    assert (may_enter.notified, may_capture.notified) == (0, 0)
+
+
+def test_a_nested_begin_waiting_when_another_thread_ends_its_window_is_woken(
+    no_polling: None,
+) -> None:
+    # The owner waits to begin a conservative nested capture (an admitted section runs);
+    # another thread releases the owner's outer window: the nested begin, no longer
+    # nested, must be woken by that release (it counts among the waiting captures, though
+    # its record is not marked waiting), not by a poll.
+    g = CaptureGate()
+    admitted_in, leave, outer_taken = threading.Event(), threading.Event(), threading.Event()
+    guards: list[CaptureGuard] = []
+
+    def admitted() -> None:
+        with g.shared("mem_alloc"):
+            admitted_in.set()
+            assert leave.wait(JOIN_S)
+
+    def owner() -> None:
+        guards.append(g.begin_capture(harmful=frozenset({"ctx_sync"}), timeout=JOIN_S))
+        outer_taken.set()
+        assert admitted_in.wait(JOIN_S)
+        g.begin_capture(harmful=None, timeout=None).release()  # waits for the admitted one
+
+    thread = spawn(owner, name="owner")
+    assert outer_taken.wait(JOIN_S)
+    holder = spawn(admitted, name="admitted")  # admitted beside the measured window
+    until(lambda: g._capture_sleepers == 1, "the nested begin waiting")
+    guards[0].release()  # from this thread: the owner's begin is not nested any more ...
+    leave.set()  # ... and, as a fresh capture, waits for the admitted section to end
+    join(holder)
+    join(thread, WAKE_S)
+    assert g.stats().holders == ()

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 
 import pytest
-from test_gate import blocked, join, spawn, wait_for
+from test_gate import JOIN_S, blocked, join, spawn, wait_for
 
 from capsafe.errors import UsageError
 from capsafe.gate import CaptureGate, GateTimeout
@@ -305,3 +305,48 @@ def test_the_gates_stack_snapshot_never_hangs_when_a_collection_frees_a_thread_l
     done = subprocess.run([sys.executable, "-c", LOCALS_IN_GARBAGE], capture_output=True,
                           text=True, timeout=240)  # fmt: skip
     assert done.stdout.strip() == "done", done.stderr
+
+
+def test_a_release_while_a_nested_capture_waits_keeps_its_wider_harmful_set() -> None:
+    # The model check's seed 2497 (four actors, slow tier) made deterministic: this thread
+    # owns two measured windows and begins a conservative nested one, which waits for an
+    # admitted section; another thread releases the inner measured window meanwhile. That
+    # release recomputed the harmful set from the registered guards only, dropping the
+    # waiting capture's widening, so once it registered, a mem_alloc section was admitted
+    # beside a window that forbids every call.
+    g = CaptureGate()
+    narrow = frozenset({"ctx_sync"})
+    outer = g.begin_capture(harmful=narrow, timeout=5)
+    inner = g.begin_capture(harmful=narrow, timeout=5)
+    admitted_in, leave = threading.Event(), threading.Event()
+
+    def admitted() -> None:
+        with g.shared("mem_alloc"):  # admitted beside the measured windows
+            admitted_in.set()
+            assert leave.wait(JOIN_S)
+
+    holder = spawn(admitted, name="admitted")
+    assert admitted_in.wait(JOIN_S)
+    waits = g.stats().capture_waits
+
+    def release_inner_then_leave() -> None:
+        wait_for(lambda: g.stats().capture_waits > waits)  # the nested begin waits
+        inner.release()  # from another thread, while it waits
+        leave.set()  # the admitted section ends: the nested begin registers
+
+    releaser = spawn(release_inner_then_leave, name="releaser")
+    conservative = g.begin_capture(harmful=None, timeout=30)
+    join(releaser)
+    join(holder)
+    entered = threading.Event()
+
+    def allocate() -> None:
+        with g.shared("mem_alloc"):
+            entered.set()
+
+    late = spawn(allocate, name="late")
+    assert not entered.wait(0.3), "a mem_alloc section ran inside a conservative capture"
+    conservative.release()  # the measured outer window admits it now
+    join(late)
+    assert entered.is_set()
+    outer.release()
