@@ -173,8 +173,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "capture-breaking calls (default 0)")  # fmt: skip
     parser.add_argument("--protect", default=capture_sweep.AUTO, metavar="auto|none|NAME,...",
                         help="rerun each capture-unsafe test with --capsafe-protect=NAMES beside "
-                        "the neighbours; auto: the integrations (cupy, cuda_core) whose framework "
-                        "the suite's interpreter finds (default auto)")  # fmt: skip
+                        "the neighbours; auto: the integrations (cupy, cuda_core, torch) of the "
+                        "frameworks those tests captured through, else of every framework the "
+                        "suite's interpreter finds (default auto)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=1, metavar="T",
                         help="run each test body in T threads at once, through "
                         "pytest-run-parallel (default 1)")  # fmt: skip

@@ -81,6 +81,7 @@ class Evidence:
     signals: set[str] = field(default_factory=set)
     message: str = ""
     capture_sites: list[str] = field(default_factory=list)  # where it began captures (file:line)
+    capture_frameworks: set[str] = field(default_factory=set)  # what those captures went through
     leak_failures: int = 0  # failed with a capture error, having begun no capture (fold.Attempt)
     thread_unsafe: str | None = None  # pytest-run-parallel's thread_unsafe marker's reason
 

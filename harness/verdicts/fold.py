@@ -48,6 +48,7 @@ class Attempt:
     outcome: Outcome = "passed"  # what pytest said of it: the first of OUTCOMES among its phases
     gpu: str = ""  # the one device its process was pinned to, "" if none
     capture_sites: tuple[str, ...] = ()  # where it began captures (file:line), in order
+    capture_frameworks: tuple[str, ...] = ()  # what it captured through (the observer's names)
     left_open: tuple[str, ...] = ()  # of those, the ones still open when it ended
     left_global_open: bool = False  # one of those captured in GLOBAL mode: every later
     # capture of the process then fails its allocations, whatever the neighbours do
@@ -169,6 +170,7 @@ def _fold(rows: list[Record], died: RunOutcome | None) -> Attempt:
         outcome=_outcome((r["outcome"] for r in rows), died is not None),
         gpu=next((r["gpu"] for r in rows if r.get("gpu")), ""),
         capture_sites=tuple(c["site"] for c in captures),
+        capture_frameworks=tuple(dict.fromkeys(sys.intern(c["framework"]) for c in captures)),
         left_open=tuple(c["site"] for c in captures if c["open"]),
         left_global_open=any(c["open"] and c.get("mode") == "global" for c in captures),
         thread_unsafe=marked,

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -14,6 +15,7 @@ import pytest
 from serial_host import SerialHost
 
 from capsafe.integrations import NAMES
+from capsafe.integrations.observe import POINTS
 from capsafe_harness.plugin import phase_times
 from capsafe_harness.plugin.protect import FRAMEWORKS
 from capsafe_harness.records import Signal
@@ -274,6 +276,28 @@ def test_auto_without_a_framework_gives_no_verdict(
     auto = FakeHost(installed=("cuda_core",))
     phases.protect(auto, "auto", 1, [1], frameworks=auto.frameworks)
     assert {p for _, p in auto.protected} == {("cuda_core",)}
+
+
+def test_auto_protects_with_what_the_captures_went_through(
+    three_unsafe: tuple[CapturePhases, FakeHost],
+) -> None:
+    """`--protect auto` takes the integrations of the frameworks the capture-unsafe tests
+    captured through; the interpreter's other frameworks are not installed (a CuPy suite's
+    protected reruns imported torch on the H200: 1.8-4.3 s each)."""
+    phases, _ = three_unsafe
+    for nodeid in ("bypass", "cap", "flaky_in_batch"):
+        phases.saw(replace(attempt(nodeid, True, capture=True), capture_frameworks=("cupy",)),
+                   neighbors=True)  # fmt: skip
+    host = FakeHost(installed=("cupy", "torch"))
+    phases.protect(host, "auto", 1, [1], frameworks=host.frameworks)
+    assert {p for _, p in host.protected} == {("cupy",)}
+    assert phases.test_fields("cap", "pytest t.py")["protect"] == ["cupy"]
+
+
+def test_the_observers_framework_names_are_the_integrations() -> None:
+    """What `auto` reads: the observer's hook point names, one per integration."""
+    points = {p.name for p in POINTS}
+    assert set(FRAMEWORKS) <= points
 
 
 def test_a_sweep_stopped_before_its_protected_reruns_says_so() -> None:
