@@ -35,7 +35,9 @@ process loads in its first test's setup (the entry point scan alone took that se
 0.2 to 15-50 ms);
 during import and collection the server has PYTORCH_NVML_BASED_CUDA_CHECK=1 (unless the
 caller set it), so torch answers `is_available()` at import without `cuInit`, which
-would leave nothing to fork (SERVER_ENV; the child's environment is the caller's again).
+would leave nothing to fork (SERVER_ENV; the child's environment is the caller's again);
+a child with neighbour threads or integrations, of a server that imported torch, starts
+torch's CUDA before them, where a fresh process leaves it to the test (_torch_cuda_first).
 """
 
 from __future__ import annotations
