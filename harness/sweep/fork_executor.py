@@ -16,7 +16,9 @@ command line. One server runs per distinct rest, working directory and environme
 first use. A server that refuses is not asked again; `refusals` keeps its reason for
 the report. The child is watched as a fresh process is (`WatchedProcess`: the stall
 watchdog reads its records and log), so a hang, a crash or an `os._exit` ends it with
-the rows written so far kept, as for a fresh process.
+the rows written so far kept, as for a fresh process. A child that a signal ended (a
+crash, not the watchdog's kill) runs again fresh, and only that run counts: the fresh
+process is the reference.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..plugin import order, protect
-from .executor import SWEEP_TMP_ENV, Chunk, Launch, LocalExecutor, WatchedProcess
+from .executor import SWEEP_TMP_ENV, Chunk, Exit, Launch, LocalExecutor, WatchedProcess
 from .fork_client import ForkedJob, ForkServer, Refused
 from .fork_server import JOB_OPTIONS, Job
 
@@ -173,6 +175,9 @@ class ForkExecutor(LocalExecutor):
         self.refusals: dict[str, str] = {}  # server key text -> why it does not fork
         self.forked = 0  # launches run as forked children
         self.fresh = 0  # replay launches run fresh because a server refused
+        self.crashed: list[str] = []  # labels of forked children a signal ended: rerun fresh
+        self._forked_procs: dict[int, ForkedProcess] = {}  # id(launch) -> its process
+        self._fresh_launches: set[int] = set()  # id(launch): run fresh, whatever the server
         self._servers: dict[tuple[object, ...], ForkServer | None] = {}
         self._starting: dict[tuple[object, ...], threading.Lock] = {}
         self._spawned: list[ForkServer] = []  # every server launched, collecting or serving
@@ -191,8 +196,37 @@ class ForkExecutor(LocalExecutor):
         threading.Thread(target=self._server, args=(launch, replay, env),
                          name="capsafe-fork-prestart", daemon=True).start()  # fmt: skip
 
+    def execute(
+        self, launch: Launch, on_tests: Callable[[int], None], stopping: threading.Event
+    ) -> Exit:
+        """As LocalExecutor's; a forked child that a signal ended (a crash, not the
+        watchdog's kill or a stop) runs again as a fresh process, and only that run counts.
+        The fresh process is the reference: on the H200 every forked child of a torch suite
+        with neighbour threads crashed in torch's CUDA start, which no fresh process does,
+        and the crashes read as test failures (fork_server._torch_cuda_first)."""
+        try:
+            end = super().execute(launch, on_tests, stopping)
+        finally:
+            with self._count:
+                proc = self._forked_procs.pop(id(launch), None)
+        crashed = end.returncode < 0 and not (end.stalled or end.interrupted or end.lost)
+        if proc is None or not proc.forked or not crashed or stopping.is_set():
+            return end
+        with self._count:
+            self.crashed.append(launch.label)
+            self._fresh_launches.add(id(launch))
+        shutil.rmtree(launch.records, ignore_errors=True)  # the crashed child's rows
+        launch.log.unlink(missing_ok=True)
+        try:
+            return super().execute(launch, on_tests, stopping)
+        finally:
+            with self._count:
+                self._fresh_launches.discard(id(launch))
+
     def watched(self, launch: Launch, env: Mapping[str, str]) -> WatchedProcess:
-        replay = split_replay(launch.cmd)
+        with self._count:
+            fresh = id(launch) in self._fresh_launches
+        replay = None if fresh else split_replay(launch.cmd)
         server = self._server(launch, replay, env) if replay is not None else None
         if replay is None or server is None:
             if replay is not None:
@@ -205,7 +239,10 @@ class ForkExecutor(LocalExecutor):
                 self.refusals.setdefault(f"{launch.cwd}, before a fork", reason)  # the first
 
         self._counted(forked=1)
-        return ForkedProcess(server, replay, launch, env, refused, self._left_out(replay))
+        proc = ForkedProcess(server, replay, launch, env, refused, self._left_out(replay))
+        with self._count:
+            self._forked_procs[id(launch)] = proc
+        return proc
 
     def _left_out(self, replay: Replay) -> tuple[str, ...]:
         """The paths of the modules its server left out that the replay runs tests of: its
@@ -283,6 +320,10 @@ class ForkExecutor(LocalExecutor):
                       for module, why in sorted(self.unforkable.items())]  # fmt: skip
             lines += [f"fork server refused ({where}): {why}" for where, why in
                       sorted(self.refusals.items())]  # fmt: skip
+            if self.crashed:
+                lines.append(f"fork server: {len(self.crashed)} forked child(ren) ended by a "
+                             f"signal ran again fresh, and only the fresh run counts: "
+                             f"{', '.join(sorted(self.crashed))}")  # fmt: skip
         return lines
 
     def close(self) -> None:

@@ -513,6 +513,34 @@ def test_a_child_with_neighbours_starts_torchs_cuda_first_and_a_plain_child_does
     assert codes == [0, 1]
 
 
+CRASHES_WHEN_FORKED = (
+    "import os, signal\n"
+    "def test_crashes_only_forked():\n"
+    "    with open(f'/proc/{os.getppid()}/cmdline', 'rb') as parent:\n"
+    "        if b'sweep.fork_server' in parent.read():  # a child of the fork server\n"
+    "            os.kill(os.getpid(), signal.SIGSEGV)\n"
+)
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc")
+def test_a_forked_child_a_signal_ends_runs_again_fresh_and_only_that_counts(
+    tmp_path: Path, forks: ForkExecutor
+) -> None:
+    """The fresh process is the reference: a crash only the fork makes (the torch children
+    on the H200) must not read as the test's failure."""
+    suite = write_suite(tmp_path / "suite", {"test_c.py": CRASHES_WHEN_FORKED})
+    runner = make_runner(suite, tmp_path / "raw", forks)
+    result = replay(runner, "alone-1", ["test_c.py::test_crashes_only_forked"], seed=1)
+    assert result.returncode == 0
+    assert [(r["phase"], r["outcome"]) for r in result.rows] == [
+        ("setup", "passed"),
+        ("call", "passed"),
+        ("teardown", "passed"),
+    ]
+    assert forks.crashed == ["alone-1"]
+    assert any("ran again fresh" in line and "alone-1" in line for line in forks.notes())
+
+
 def fake_proc(tmp_path: Path, maps: str, devices: Sequence[str]) -> Path:
     """A /proc/self stand-in: `maps`, and descriptors linked to `devices`."""
     proc = tmp_path / "proc"
