@@ -435,6 +435,16 @@ def test_a_collection_that_initialises_cuda_refuses_by_the_drivers_answer(tmp_pa
     )
 
 
+TORCH_GPU_TEST = (
+    "import os\nimport torch\nassert torch.cuda.is_available()\n"
+    "def test_gpu():\n"
+    "    assert float(torch.ones(4, device='cuda').sum()) == 4\n"
+    "    assert 'PYTORCH_NVML_BASED_CUDA_CHECK' not in os.environ\n"
+)
+"""A torch suite's test: the GPU works in the child, and the child's environment is the
+caller's (the server's NVML switch is not in it)."""
+
+
 @pytest.mark.cuda
 def test_torch_asked_at_import_whether_cuda_is_available_still_forks(tmp_path: Path) -> None:
     """PyTorch suites call `torch.cuda.is_available()` at import (module-level skips); in a
@@ -443,13 +453,7 @@ def test_torch_asked_at_import_whether_cuda_is_available_still_forks(tmp_path: P
     environment is the caller's again (measured on the H200: 17 of 17 torch replays ran
     fresh before)."""
     pytest.importorskip("torch")
-    test = (
-        "import os\nimport torch\nassert torch.cuda.is_available()\n"
-        "def test_gpu():\n"
-        "    assert float(torch.ones(4, device='cuda').sum()) == 4\n"
-        "    assert 'PYTORCH_NVML_BASED_CUDA_CHECK' not in os.environ\n"
-    )
-    suite = write_suite(tmp_path / "suite", {"test_torch.py": test})
+    suite = write_suite(tmp_path / "suite", {"test_torch.py": TORCH_GPU_TEST})
     env = {k: v for k, v in os.environ.items() if k != "PYTORCH_NVML_BASED_CUDA_CHECK"}
     server = start(suite, tmp_path, env)
     try:
@@ -467,19 +471,12 @@ def test_a_torch_child_with_neighbour_threads_uses_the_gpu(tmp_path: Path) -> No
     neighbours' `cuInit` came before torch's own CUDA start; the crashes were read as
     failures. Torch's CUDA now starts first in such a child."""
     pytest.importorskip("torch")
-    test = (
-        "import torch\nassert torch.cuda.is_available()\n"
-        "def test_gpu():\n"
-        "    assert float(torch.ones(4, device='cuda').sum()) == 4\n"
-    )
-    suite = write_suite(tmp_path / "suite", {"test_torch.py": test})
+    suite = write_suite(tmp_path / "suite", {"test_torch.py": TORCH_GPU_TEST})
     env = {k: v for k, v in os.environ.items() if k != "PYTORCH_NVML_BASED_CUDA_CHECK"}
     server = start(suite, tmp_path, env)
-    base = job(tmp_path, "neighbours", ["test_torch.py::test_gpu"])
-    jobs = [replace(base, neighbors=2), replace(base, job="protect", run_id="protect",
-                                                records=str(tmp_path / "protect"),
-                                                log=str(tmp_path / "protect.log"),
-                                                protect="torch")]  # fmt: skip
+    gpu_test = ["test_torch.py::test_gpu"]
+    jobs = [replace(job(tmp_path, "neighbours", gpu_test), neighbors=2),
+            replace(job(tmp_path, "protect", gpu_test), protect="torch")]  # fmt: skip
     try:
         codes = [server.submit(one).wait(300) for one in jobs]
     finally:
