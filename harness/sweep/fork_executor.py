@@ -1,6 +1,6 @@
 """The local executor with fork servers: every replay forked from a collected pytest.
 
-`ForkExecutor` is a `LocalExecutor` whose replay launches (one process, `-p no:xdist`,
+`ForkExecutor` is a `LocalExecutor` whose replay launches (one process, `-n=0` or `-p no:xdist`,
 `--capsafe-replay=FILE`: the sweep's isolation reruns, search and trial replays,
 screens, sequence checks and each half of a pair run) run as children of a fork
 server (fork_server, fork_client) instead of fresh interpreters. Everything else (the
@@ -40,6 +40,11 @@ __all__ = ["ForkExecutor", "Replay", "split_replay"]
 
 PYTEST = ("-m", "pytest")
 NO_XDIST = ("-p", "no:xdist")
+IN_PROCESS = "-n=0"
+"""How a replay runs in one process: xdist loaded and idle (`-n=0`) where the suite runs use
+xdist, so the fixtures it gives (`worker_id`, `testrun_uid`) exist as they did in the runs
+(left out, a test using one errored in every replay: a false `flaky`); xdist left out
+(NO_XDIST) where the runs use none (a suite whose addopts disable it)."""
 REQUIRED = {"--capsafe-records", "--capsafe-run-id", "--capsafe-replay"}  # the seed may be absent
 MAX_LEFT_OUT = 3
 """Test modules whose import initialises CUDA a server leaves out before it gives up (each
@@ -63,13 +68,13 @@ class Replay:
 
 def split_replay(cmd: Sequence[str]) -> Replay | None:
     """The split of a single-process replay command (`python -m pytest TARGETS ...
-    --capsafe-replay=FILE ... -p no:xdist ...`); None for any other command."""
+    --capsafe-replay=FILE ... -n=0 ...`, or `-p no:xdist`); None for any other command."""
     if tuple(cmd[1:3]) != PYTEST:
         return None
     args = list(cmd[3:])
     while args and not args[0].startswith("-"):
         args.pop(0)  # the replay's files: the server collects the suite's own targets
-    if NO_XDIST not in set(itertools.pairwise(args)):
+    if NO_XDIST not in set(itertools.pairwise(args)) and IN_PROCESS not in args:
         return None
     job: dict[str, str] = {}
     rest: list[str] = []

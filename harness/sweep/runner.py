@@ -52,7 +52,7 @@ from .executor import (
     inherited_environ,
 )
 from .executors import make_executor
-from .fork_executor import ForkExecutor
+from .fork_executor import IN_PROCESS, NO_XDIST, ForkExecutor
 from .optional_plugins import quiet_plugin_args
 from .options import SweepError, SweepOptions
 
@@ -239,7 +239,10 @@ class Runner:
             cmd.append(f"--capsafe-shuffle={shuffle}")
         if seed is not None:
             cmd.append(f"--capsafe-seed={seed}")
-        cmd += [f"-n={workers}"] if workers else ["-p", "no:xdist"]
+        if workers:
+            cmd.append(f"-n={workers}")
+        else:  # one process: xdist as in the suite runs (see IN_PROCESS)
+            cmd += [IN_PROCESS] if o.workers else NO_XDIST
         if self.project_timeout is None:  # the project's own setting wins
             cmd.append(f"--timeout={o.timeout:g}")
         if not self.project_timeout_method:

@@ -13,7 +13,8 @@ A neighbour's call breaks a capture only when it lands inside the capture's
 window, which is a matter of chance (on the H200, ctx_sync neighbours broke 10
 of 12 CuPy graph tests in one process): a test no kind broke once every process
 of a round has reported gets the first-round groups again, all such tests in
-the same processes, up to ROUNDS rounds. A break is conclusive, so a test that
+the same processes, up to ROUNDS rounds (the sweep runs each test more times in each
+later round: capture_sweep.ATTRIBUTION_REPEATS). A break is conclusive, so a test that
 broke is never retried.
 
 From the kinds that broke a test and those it survived, the hazard table

@@ -363,6 +363,26 @@ def test_an_attribution_process_runs_each_test_several_times() -> None:
     assert outcomes == {"a": False, "b": False}
 
 
+def test_each_later_attribution_round_runs_the_unbroken_tests_twice_as_often() -> None:
+    # A window no single kind hit in a round is tried again with twice the tries (the H200:
+    # test_stream_fork_join[True] named `ctx_sync` in one sweep, no kind in the next).
+    class LuckyLate(FakeHost):
+        def batch(self, tests: Sequence[str], **kwargs: Any) -> dict[tuple[str, str], Attempt]:
+            found = super().batch(tests, **kwargs)
+            if kwargs["kind"] == "attrib" and len(tests) < 4 * capture_sweep.ATTRIBUTION_REPEATS:
+                return {key: replace(a, failed=False, signals=frozenset())
+                        for key, a in found.items()}  # fmt: skip
+            return found
+
+    phases, host = CapturePhases(2, ["ctx_sync"]), LuckyLate()
+    phases.saw(attempt("cap", True, capture=True), neighbors=True)
+    phases.isolate(host, ["cap"], 2, [1, 2], seed=5)
+    tries = [len(tests) for tests, neighbors, calls in host.batches if calls == ("ctx_sync",)]
+    reps = capture_sweep.ATTRIBUTION_REPEATS
+    assert tries == [reps, 2 * reps, 4 * reps]
+    assert phases.attributions["cap"].breaks == ["ctx_sync"]  # only the third round hit it
+
+
 @pytest.mark.parametrize("global_mode", [True, False])
 def test_a_break_after_another_test_left_a_global_capture_open_is_no_evidence(
     global_mode: bool,

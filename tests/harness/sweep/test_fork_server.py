@@ -858,6 +858,8 @@ def test_only_single_process_replays_are_split_for_a_server() -> None:
     assert split is not None and split.server_args == ("-p", "capsafe", "--rootdir=/s",
                                                        "-p", "no:xdist")  # fmt: skip
     assert (split.neighbors, split.neighbor_calls) == (0, "ctx_sync")  # the last one wins
+    in_process = split_replay([*base, *job_args, "-n=0"])  # xdist loaded, as in the runs
+    assert in_process is not None and in_process.server_args[-1] == "-n=0"
     assert split_replay([*base, *job_args, "-n=2"]) is None  # xdist workers: a suite run
     assert split_replay([*base, *job_args[:2], "-p", "no:xdist"]) is None  # not a replay
 

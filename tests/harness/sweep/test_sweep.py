@@ -83,6 +83,30 @@ def test_all_passing_suite_exits_0_and_writes_every_report(tmp_path: Path) -> No
     assert (tmp_path / "reports" / "latest").resolve() == out.resolve()
 
 
+XDIST_FIXTURES = """
+    def test_worker_id(worker_id):
+        assert worker_id
+
+    def test_testrun_uid(testrun_uid):
+        assert testrun_uid
+"""
+
+
+def test_tests_using_xdists_fixtures_pass_in_every_replay(tmp_path: Path) -> None:
+    # The replays ran with `-p no:xdist`, so `worker_id` was "not found" in every one of
+    # them: passing in every suite run, failing 3 of 3 alone, the test came out `flaky`.
+    suite = make_suite(tmp_path / "suite", test_x=XDIST_FIXTURES)
+    out = tmp_path / "out"
+    done = sweep(str(suite), "--runs", "1", "--workers", "2", "--seed", "3", "--out", str(out),
+                 *FAST, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    tests = by_id(summary_of(out))
+    assert {n: t["classification"] for n, t in tests.items()} == {
+        "test_x.py::test_worker_id": "pass", "test_x.py::test_testrun_uid": "pass"
+    }  # fmt: skip
+    assert all(t["isolation_runs"] > 0 for t in tests.values())  # they did run alone
+
+
 DEFECTS = """
     import os
     import pytest
