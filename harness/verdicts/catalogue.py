@@ -86,7 +86,7 @@ def _order_dependent(e: Evidence, _not_run: str) -> str:
     text = f"fails after {' + '.join(e.polluters)} ({K} of {K}); failed {_alone(e)}; {_ran(e)}"
     if not e.leak_victim:
         return text
-    text += (f"; it began no capture and failed with a capture error: "
+    text += (f"; it failed with a capture error before any capture of its own: "
              f"{' + '.join(e.polluters)} left a capture open")  # fmt: skip
     if e.failed_alone_only_beside_neighbours:
         text += ("; its failures alone were all beside neighbour threads, none without them: "
@@ -102,6 +102,10 @@ def _neighbour_sensitive(e: Evidence, _not_run: str) -> str:
     text = (f"failed {c.neighbor_failures} of {c.neighbor_runs} runs with neighbour threads, "
             f"never inside a capture of its own; passed {control} of {control} without them: "
             "it reads process-wide state other threads change")  # fmt: skip
+    if e.leak_victim and e.unconfirmed:
+        text += (f"; its capture error came before any capture of its own, in a process where "
+                 f"{' + '.join(e.unconfirmed)} left a capture open (not confirmed: a replay "
+                 "repeats that only when the neighbours break the capture again)")  # fmt: skip
     if e.thread_unsafe is not None:
         text += f"; marked thread_unsafe: {e.thread_unsafe}"
     return text

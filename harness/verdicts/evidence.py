@@ -87,13 +87,19 @@ class Evidence:
 
     @property
     def leak_victim(self) -> bool:
-        """It failed with capture errors and never began a capture: a capture another test
-        left open in its process is what it ran into."""
-        return self.leak_failures > 0 and not self.capture_sites
+        """It failed with a capture error before any capture of its own in that process, and
+        never inside one: a capture another test left open there is what it ran into. A
+        test that captures in its other runs may be one (CuPy's fork-join graph test failed
+        so once in four neighbour runs on the H200, and was reported with no cause)."""
+        return self.leak_failures > 0 and not self.capture_unsafe
 
     @property
     def neighbour_sensitive(self) -> bool:
-        return self.capture.neighbour_sensitive and not self.leak_victim
+        """Failed only beside neighbour threads and never inside its own capture. A leak
+        victim whose leaker was confirmed is `order-dependent` first (the catalogue's order);
+        one whose leaker no replay confirmed stays here, never `flaky`: the capture it ran
+        into was left open only because neighbours broke it."""
+        return self.capture.neighbour_sensitive
 
     @property
     def capture_unsafe(self) -> bool:
