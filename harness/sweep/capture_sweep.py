@@ -155,6 +155,7 @@ class CapturePhases:
                                  if s not in ev.capture_sites]  # fmt: skip
             ev.capture_frameworks.update(attempt.capture_frameworks)
             ev.leak_failures += attempt.leak_victim
+            ev.other_failures += attempt.failed and not attempt.leak_victim
             if attempt.thread_unsafe is not None:
                 ev.thread_unsafe = attempt.thread_unsafe
 

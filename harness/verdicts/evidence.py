@@ -83,15 +83,20 @@ class Evidence:
     capture_sites: list[str] = field(default_factory=list)  # where it began captures (file:line)
     capture_frameworks: set[str] = field(default_factory=set)  # what those captures went through
     leak_failures: int = 0  # failed with a capture error, having begun no capture (fold.Attempt)
+    other_failures: int = 0  # failures of the same attempts (runs, batches) of any other kind
     thread_unsafe: str | None = None  # pytest-run-parallel's thread_unsafe marker's reason
 
     @property
     def leak_victim(self) -> bool:
         """It failed with a capture error before any capture of its own in that process, and
         never inside one: a capture another test left open there is what it ran into. A
-        test that captures in its other runs may be one (CuPy's fork-join graph test failed
-        so once in four neighbour runs on the H200, and was reported with no cause)."""
-        return self.leak_failures > 0 and not self.capture_unsafe
+        test that captures in its other runs is one only when every failure was such
+        (CuPy's fork-join graph test failed so once in four neighbour runs on the H200, and
+        was reported with no cause); with failures of another kind too, its cause is
+        searched for as any test's (one open capture must not hide a polluter)."""
+        if self.leak_failures == 0 or self.capture_unsafe:
+            return False
+        return not self.capture_sites or self.other_failures == 0
 
     @property
     def neighbour_sensitive(self) -> bool:

@@ -186,3 +186,29 @@ def test_a_capturing_test_that_ran_into_an_open_capture_before_its_own_is_a_leak
     pool.polluters, pool.unconfirmed = [GRAPH], []  # confirmed: the cause, by name
     assert classify(pool) == Verdict.ORDER_DEPENDENT
     assert why(Verdict.ORDER_DEPENDENT, pool).endswith(f"{GRAPH} left a capture open")
+
+
+def test_a_capturing_test_that_also_failed_otherwise_is_searched_as_any_test(
+    tmp_path: Path,
+) -> None:
+    # One open capture must not hide a polluter: a test that captures and failed runs of
+    # another kind too gets the ordinary search, not only the leakers' replays.
+    store = store_with_leak(tmp_path)
+    pool = store.ev(POOL)
+    CapturePhases(2, store=store.evidence).saw(attempt(POOL, "run-2", 0, failed=True),
+                                               neighbors=True)  # fmt: skip
+    assert pool.other_failures == 1
+    assert pool.leak_victim  # it never captured: the capture left open is still its cause
+    pool.capture_sites = ["test_memory.py:30"]
+    assert not pool.leak_victim
+    host, parallel_checked = LeakHost([False]), []
+
+    class Parallel:  # the parallel phase's check, which a leak victim never gets
+        def check(self, nodeid: str) -> None:
+            parallel_checked.append(nodeid)
+
+    searches = Searches(cast(Any, host), store, CapturePhases(2, store=store.evidence),
+                        cast(Any, None), cast(Any, Parallel()))  # fmt: skip
+    searches.run()
+    assert any(kind == "replay" for kind, _ in host.asked)  # the bisection ran
+    assert parallel_checked == [POOL]
