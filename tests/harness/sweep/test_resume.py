@@ -101,7 +101,9 @@ def test_an_interrupted_sweep_resumed_runs_no_finished_replay_again(tmp_path: Pa
     deadline = time.monotonic() + 600
     while sweep.poll() is None and time.monotonic() < deadline:
         if journal.exists() and len(journal.read_text().splitlines()) >= half:
-            sweep.send_signal(signal.SIGINT)
+            # SIGTERM takes the Ctrl-C path (termination.py); SIGINT would be ignored where
+            # this runs as a shell's background job, which starts children with it ignored.
+            sweep.send_signal(signal.SIGTERM)
             break
         time.sleep(0.05)
     _, err = sweep.communicate(timeout=600)
