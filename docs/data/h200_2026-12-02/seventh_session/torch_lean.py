@@ -7,6 +7,7 @@ import random
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -17,7 +18,10 @@ from capsafe.integrations import torch as integ
 from capsafe.integrations._capture_windows import gate_of
 from capsafe.integrations._patch import defining_class
 
-ELEMENTS, REPLAYS, N = 1 << 16, 10, 200
+sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "benchmarks"))
+from torch_protect import capture_and_replay  # noqa: E402
+
+N = 200
 ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 30
 context.device(0)
 G = torch.cuda.CUDAGraph
@@ -34,20 +38,8 @@ SYNC = [(torch.cuda, "synchronize", "ctx_sync"), (torch.cuda, "empty_cache", "me
 
 
 def make_loop(mode: str):
-    x = torch.ones(ELEMENTS, device="cuda")
-    out = torch.empty_like(x)
-    stream = torch.cuda.Stream()
-
-    def loop(k: int) -> None:
-        for _ in range(k):
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, stream=stream, capture_error_mode=mode):
-                out.copy_(x * 2 + 1)
-            for _ in range(REPLAYS):
-                g.replay()
-        torch.cuda.synchronize()
-
-    return loop
+    """benchmarks/torch_protect.py's loop, the one the target is measured on."""
+    return capture_and_replay(torch, mode)
 
 
 open_: dict[Any, Any] = {}
