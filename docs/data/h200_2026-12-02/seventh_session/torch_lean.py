@@ -19,7 +19,7 @@ from capsafe.integrations._capture_windows import gate_of
 from capsafe.integrations._patch import defining_class
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "benchmarks"))
-from torch_protect import capture_and_replay  # noqa: E402
+from torch_protect import capture_and_replay
 
 N = 200
 ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 30
@@ -166,7 +166,7 @@ for mode in ("global", "relaxed"):
     per: dict[str, list[float]] = {v: [] for v in VARIANTS}
     ratio: dict[str, list[float]] = {v: [] for v in VARIANTS}
     rng = random.Random(11)
-    for r in range(ROUNDS):
+    for _r in range(ROUNDS):
         names = list(VARIANTS)
         rng.shuffle(names)
         this = {}
@@ -181,6 +181,7 @@ for mode in ("global", "relaxed"):
     print(f"== {mode}: median us/iter, median per-round ratio to plain [q1, q3]")
     for name in VARIANTS:
         q = statistics.quantiles(ratio[name], n=4)
-        print(f"  {name:26s} {statistics.median(per[name]):7.1f}  {statistics.median(ratio[name]):.3f}x"
+        med = statistics.median(ratio[name])
+        print(f"  {name:26s} {statistics.median(per[name]):7.1f}  {med:.3f}x"
               f"  [{q[0]:.3f}, {q[2]:.3f}]")
 print("captures", gate._captures)
