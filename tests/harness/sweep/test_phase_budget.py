@@ -35,7 +35,8 @@ def test_a_phase_out_of_budget_leaves_its_tests_unverified_and_names_itself(
     assert tests["test_f.py::test_ok"]["classification"] == "pass"
     notes = summary["notes"]
     assert any(n.startswith("the isolation phase's budget of 0s ran out") for n in notes), notes
-    assert any(re.fullmatch(r"isolation phase budget of 0s spent: skipped [1-3] isolation reruns",
+    # 3 reruns of test_bad and test_ok's screen: on a slow machine none may start in time
+    assert any(re.fullmatch(r"isolation phase budget of 0s spent: skipped [1-4] isolation reruns",
                             n) for n in notes), notes  # fmt: skip
 
 
