@@ -335,6 +335,9 @@ class CapsafeRun:
         self.captures = CaptureLog()  # where the current test's captures are (records only)
         self.in_capture: set[tuple[str, str]] = set()  # phases that failed inside a window
         self.thread_unsafe: dict[str, str] = {}  # node id -> its thread_unsafe marker's reason
+        # The node ids as collection handed them to this plugin, before it reordered them: a
+        # fork server plans the sweep's suite runs from it (what each xdist worker shuffles).
+        self.received: tuple[str, ...] = ()
         # xdist controller only: per worker, tests started, the last one set up, its pid (from
         # its reports), and the tests xdist said it crashed in (pytest_handlecrashitem).
         self.started: dict[str, int] = {}
@@ -382,6 +385,7 @@ class CapsafeRun:
         self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
     ) -> None:
         settings = self.settings
+        self.received = tuple(item.nodeid for item in items)
         if settings.replay is not None:
             chosen, missing = order.replay_order(items, settings.replay, lambda i: i.nodeid)
             if missing:

@@ -171,7 +171,7 @@ class WatchedProcess:
                 pass
             if stopping.is_set():
                 raise KeyboardInterrupt
-            size = _size(self.records) + _size(self.log)
+            size = self.output_size()
             now = time.monotonic()
             if size != last_size:
                 last_size, changed = size, now
@@ -185,6 +185,10 @@ class WatchedProcess:
         self.exit = Exit(self.proc.returncode, stalled=stalled)
         if chunk := self._tail(final=True):
             yield chunk
+
+    def output_size(self) -> int:
+        """Bytes written so far: the stall watchdog kills a process whose count stands still."""
+        return _size(self.records) + _size(self.log)
 
     def _tail(self, *, final: bool) -> Chunk:
         chunk = Chunk()

@@ -98,6 +98,10 @@ class ForkServer:
     def __init__(self, proc: subprocess.Popen[bytes], jobs: int, results: int, log: Path) -> None:
         self.proc, self.log = proc, log
         self.collected = 0
+        # The collection as the capsafe plugin received it (before its reordering) and as it
+        # ended (every plugin's changes): what a suite run's shares are planned from.
+        self.received: tuple[str, ...] = ()
+        self.items: tuple[str, ...] = ()
         self._jobs, self._results = jobs, results
         self._lock = threading.Lock()
         self._outstanding: dict[str, ForkedJob] = {}
@@ -233,6 +237,8 @@ class ForkServer:
         event = message["event"]
         if event == "ready":
             self.collected = int(message["collected"])
+            self.received = tuple(message.get("received", ()))
+            self.items = tuple(message.get("items", ()))
             self._ready.set()
         elif event == "refused":
             if not self._refusal:

@@ -1,103 +1,56 @@
-"""The local executor with fork servers: every replay forked from a collected pytest.
+"""The local executor with fork servers: replays and suite runs forked from a collected pytest.
 
 `ForkExecutor` is a `LocalExecutor` whose replay launches (one process, `-n=0` or `-p no:xdist`,
 `--capsafe-replay=FILE`: the sweep's isolation reruns, search and trial replays,
 screens, sequence checks and each half of a pair run) run as children of a fork
-server (fork_server, fork_client) instead of fresh interpreters. Everything else (the
-suite runs, anything with xdist workers) and every replay the servers refuse run as
-fresh processes, exactly as in `LocalExecutor`.
+server (fork_server, fork_client) instead of fresh interpreters, and whose suite runs
+(`-n=W` with a seeded shuffle) run as one child per xdist worker once the first xdist run
+showed that the shares planned from the server's collection are xdist's (fork_runs).
+Everything else, and every launch the servers refuse, runs as a fresh process, exactly as
+in `LocalExecutor`.
 
-The launch is the same either way: its command line is split into the options a job
-sets for itself (records directory, run id, replay list, seed, neighbour threads,
-integrations to install) and
-the rest, and the rest, with the suite's own targets in place of the replay's files, is the server's
-command line. One server runs per distinct rest, working directory and environment
-(so one per pinned GPU: CUDA_VISIBLE_DEVICES is in the environment), started on
-first use. A server that refuses is not asked again; `refusals` keeps its reason for
-the report. The child is watched as a fresh process is (`WatchedProcess`: the stall
-watchdog reads its records and log), so a hang, a crash or an `os._exit` ends it with
-the rows written so far kept, as for a fresh process. A child that a signal ended (a
-crash, not the watchdog's kill) runs again fresh, and only that run counts: the fresh
-process is the reference.
+The launch is the same either way: its command line is split (fork_commands) into the
+options a job sets for itself and the rest, and the rest, with the suite's own targets in
+place of the replay's files, is the server's command line. One server runs per distinct
+rest, working directory and environment (so one per pinned GPU: CUDA_VISIBLE_DEVICES is in
+the environment), started on first use. A server that refuses is not asked again;
+`refusals` keeps its reason for the report. The child is watched as a fresh process is
+(`WatchedProcess`: the stall watchdog reads its records and log), so a hang, a crash or an
+`os._exit` ends it with the rows written so far kept, as for a fresh process. A child that
+a signal ended (a crash, not the watchdog's kill) runs again fresh, and only that run
+counts: the fresh process is the reference.
 """
 
 from __future__ import annotations
 
-import itertools
 import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
-from ..plugin import order, protect
-from .executor import SWEEP_TMP_ENV, Chunk, Exit, Launch, LocalExecutor, WatchedProcess
+from ..plugin import order
+from ..records import Signal, load_records
+from .executor import (
+    SWEEP_TMP_ENV,
+    Chunk,
+    Exit,
+    Launch,
+    LocalExecutor,
+    WatchedProcess,
+    inherited_environ,
+)
 from .fork_client import ForkedJob, ForkServer, Refused
-from .fork_server import JOB_OPTIONS, Job
+from .fork_commands import IN_PROCESS, NO_XDIST, PYTEST, Replay, SuiteRun, split_replay, split_run
+from .fork_runs import ForkedRun, fresh_again, plan_differs, plan_shares
+from .fork_server import Job
 
-__all__ = ["ForkExecutor", "Replay", "split_replay"]
+__all__ = ["IN_PROCESS", "NO_XDIST", "ForkExecutor", "split_replay"]
 
-PYTEST = ("-m", "pytest")
-NO_XDIST = ("-p", "no:xdist")
-IN_PROCESS = "-n=0"
-"""How a replay runs in one process: xdist loaded and idle (`-n=0`) where the suite runs use
-xdist, so the fixtures it gives (`worker_id`, `testrun_uid`) exist as they did in the runs
-(left out, a test using one errored in every replay: a false `flaky`); xdist left out
-(NO_XDIST) where the runs use none (a suite whose addopts disable it)."""
-REQUIRED = {"--capsafe-records", "--capsafe-run-id", "--capsafe-replay"}  # the seed may be absent
 MAX_LEFT_OUT = 3
 """Test modules whose import initialises CUDA a server leaves out before it gives up (each
 costs it one more start and collection); their replays run fresh."""
-
-
-@dataclass(frozen=True)
-class Replay:
-    """A replay launch's command line, split: what the server runs, what the job sets."""
-
-    server_args: tuple[str, ...]  # the pytest arguments after the targets, minus JOB_OPTIONS
-    records: str
-    run_id: str
-    replay_file: str
-    seed: int | None
-    neighbors: int = 0
-    neighbor_calls: str | None = None
-    protect: str | None = None
-    watch_env: str | None = None
-
-
-def split_replay(cmd: Sequence[str]) -> Replay | None:
-    """The split of a single-process replay command (`python -m pytest TARGETS ...
-    --capsafe-replay=FILE ... -n=0 ...`, or `-p no:xdist`); None for any other command."""
-    if tuple(cmd[1:3]) != PYTEST:
-        return None
-    args = list(cmd[3:])
-    while args and not args[0].startswith("-"):
-        args.pop(0)  # the replay's files: the server collects the suite's own targets
-    if NO_XDIST not in set(itertools.pairwise(args)) and IN_PROCESS not in args:
-        return None
-    job: dict[str, str] = {}
-    rest: list[str] = []
-    for arg in args:
-        name, _, value = arg.partition("=")
-        if name in JOB_OPTIONS and value:
-            job[name] = value  # the last one wins, as in pytest
-        else:
-            rest.append(arg)
-    if not set(job) >= REQUIRED:
-        return None
-    seed = job.get("--capsafe-seed")
-    return Replay(
-        server_args=tuple(rest),
-        records=job["--capsafe-records"],
-        run_id=job["--capsafe-run-id"],
-        replay_file=job["--capsafe-replay"],
-        seed=None if seed is None else int(seed),
-        neighbors=int(job.get("--capsafe-neighbors", "0")),
-        neighbor_calls=job.get("--capsafe-neighbor-calls"),
-        protect=job.get(protect.OPTION),
-        watch_env=job.get("--capsafe-watch-env"),
-    )
 
 
 class ForkedProcess(WatchedProcess):
@@ -181,13 +134,18 @@ class ForkExecutor(LocalExecutor):
         self.forked = 0  # launches run as forked children
         self.fresh = 0  # replay launches run fresh because a server refused
         self.crashed: list[str] = []  # labels of forked children a signal ended: rerun fresh
-        self._forked_procs: dict[int, ForkedProcess] = {}  # id(launch) -> its process
+        self._forked_procs: dict[int, ForkedProcess | ForkedRun] = {}  # id(launch) -> its process
         self._fresh_launches: set[int] = set()  # id(launch): run fresh, whatever the server
         self._servers: dict[tuple[object, ...], ForkServer | None] = {}
         self._starting: dict[tuple[object, ...], threading.Lock] = {}
         self._spawned: list[ForkServer] = []  # every server launched, collecting or serving
         self.unforkable: dict[str, str] = {}  # module node id -> why the server left it out
         self.unforkable_paths: dict[str, str] = {}  # module node id -> its path
+        # Suite runs: True once the first xdist run matched the plan (fork_runs), the reason
+        # when it did not, None before that; and how many ran forked.
+        self.run_plan: bool | str | None = None
+        self.runs_forked = 0
+        self._run_shares: dict[int, tuple[SuiteRun, list[list[str]]]] = {}  # id(launch) ->
         self._closing = False
         self._count = threading.Lock()
 
@@ -209,12 +167,25 @@ class ForkExecutor(LocalExecutor):
         The fresh process is the reference: on the H200 every forked child of a torch suite
         with neighbour threads crashed in torch's CUDA start, which no fresh process does,
         and the crashes read as test failures (fork_server._torch_cuda_first)."""
+        run = split_run(launch.cmd)
+        if run is not None:
+            shares = self._shares(launch, run)
+            if shares is None:  # the xdist run, which the first one always is
+                end = super().execute(launch, on_tests, stopping)
+                self._check_plan(launch, run, end)
+                return end
+            with self._count:
+                self._run_shares[id(launch)] = (run, shares)
         try:
             end = super().execute(launch, on_tests, stopping)
         finally:
             with self._count:
                 proc = self._forked_procs.pop(id(launch), None)
-        crashed = end.returncode < 0 and not (end.stalled or end.interrupted or end.lost)
+        ended = end.stalled or end.interrupted
+        if isinstance(proc, ForkedRun):  # the server's death too: the xdist run is ours to run
+            crashed = (fresh_again(end.returncode) or bool(end.lost)) and not ended
+        else:
+            crashed = end.returncode < 0 and not (ended or end.lost)
         if proc is None or not proc.forked or not crashed or stopping.is_set():
             return end
         with self._count:
@@ -231,6 +202,9 @@ class ForkExecutor(LocalExecutor):
     def watched(self, launch: Launch, env: Mapping[str, str]) -> WatchedProcess:
         with self._count:
             fresh = id(launch) in self._fresh_launches
+            planned = self._run_shares.pop(id(launch), None)
+        if planned is not None and not fresh:
+            return self._forked_run(launch, env, *planned)
         replay = None if fresh else split_replay(launch.cmd)
         server = self._server(launch, replay, env) if replay is not None else None
         if replay is None or server is None:
@@ -248,6 +222,62 @@ class ForkExecutor(LocalExecutor):
         with self._count:
             self._forked_procs[id(launch)] = proc
         return proc
+
+    def _forked_run(
+        self, launch: Launch, env: Mapping[str, str], run: SuiteRun, shares: list[list[str]]
+    ) -> WatchedProcess:
+        server = self._server(launch, run.replay, env)
+        if server is None:
+            return super().watched(launch, env)
+
+        def refused(reason: str) -> None:
+            with self._count:
+                self.runs_forked -= 1
+                self.refusals.setdefault(f"{launch.cwd}, before a suite run's fork", reason)
+
+        with self._count:
+            self.runs_forked += 1
+        proc = ForkedRun(server, run, shares, launch, env, refused)
+        with self._count:
+            self._forked_procs[id(launch)] = proc
+        return proc
+
+    def _shares(self, launch: Launch, run: SuiteRun) -> list[list[str]] | None:
+        """Each worker's tests for this run, once the first xdist run matched the plan;
+        None when the run is to run under xdist."""
+        with self._count:
+            if self.run_plan is not True:
+                return None
+        server = self._server(launch, run.replay, {**inherited_environ(), **launch.env})
+        if server is None or run.replay.seed is None:
+            return None
+        return plan_shares(server.received, server.items, run.replay.seed, run.shuffle,
+                           run.workers)  # fmt: skip
+
+    def _check_plan(self, launch: Launch, run: SuiteRun, end: Exit) -> None:
+        """After an xdist run, before any forked one: do its records follow the plan for its
+        seed? Decided by the first run that ended cleanly (no crash, stall or stop)."""
+        with self._count:
+            if self.run_plan is not None or self._closing:
+                return
+        if end.returncode not in (0, 1) or end.stalled or end.interrupted or end.lost:
+            return  # the next run decides
+        rows, _ = load_records(launch.records)
+        if any(Signal.CRASH in row["signals"] for row in rows):
+            return  # a replaced worker restarts its count
+        server = self._server(launch, run.replay, {**inherited_environ(), **launch.env})
+        if server is None or run.replay.seed is None:
+            verdict: bool | str = "their fork server refused (see its note)"
+        else:
+            shares = plan_shares(server.received, server.items, run.replay.seed, run.shuffle,
+                                 run.workers)  # fmt: skip
+            if shares is None:
+                verdict = "a plugin reorders the tests after capsafe's shuffle"
+            else:
+                why = plan_differs(shares, rows)
+                verdict = f"{launch.label} (xdist) was not the plan: {why}" if why else True
+        with self._count:
+            self.run_plan = verdict
 
     def _left_out(self, replay: Replay) -> tuple[str, ...]:
         """The paths of the modules its server left out that the replay runs tests of: its
@@ -320,6 +350,11 @@ class ForkExecutor(LocalExecutor):
         """Lines for the report: how many replays forked, and why any server refused."""
         with self._count:
             lines = [f"fork server: {self.forked} replay(s) forked, {self.fresh} run fresh"]
+            if self.runs_forked:
+                lines.append(f"fork server: {self.runs_forked} suite run(s) forked, a child "
+                             "per xdist worker, once an xdist run matched their plan")  # fmt: skip
+            elif isinstance(self.run_plan, str):
+                lines.append(f"fork server: suite runs ran under xdist: {self.run_plan}")
             lines += [f"fork server: {module} initialises CUDA at import ({why}); the server "
                       "leaves it out and each child that runs its tests collects it"
                       for module, why in sorted(self.unforkable.items())]  # fmt: skip

@@ -126,6 +126,11 @@ class Job:
     watch_env: str | None = None  # --capsafe-watch-env (None: the server's, the default)
     argv: tuple[str, ...] = ()  # sys.argv[1:] of the fresh process it stands for
     collect: tuple[str, ...] = ()  # modules the server left out: the child collects them
+    # A share of a suite run: the xdist worker the child stands for ("gw1"), how many the
+    # run has, and the run's test run uid (xdist's `worker_id`, `testrun_uid` fixtures).
+    worker: str = ""
+    workers: int = 0
+    testrun_uid: str = ""
 
     def to_json(self) -> str:
         return json.dumps({"op": "run", **self.__dict__, "nodeids": list(self.nodeids),
@@ -160,9 +165,10 @@ class Server:
         return os.getpid() != self.pid
 
     def send(self, **message: Any) -> None:
-        data = (json.dumps(message) + "\n").encode("utf-8")
+        data = memoryview((json.dumps(message) + "\n").encode("utf-8"))
         with contextlib.suppress(BrokenPipeError):  # the client is gone: it stops us anyway
-            os.write(self.results, data)
+            while data:  # "ready" carries the collection: more than one pipe buffer
+                data = data[os.write(self.results, data) :]
 
     def pytest_collectstart(self, collector: pytest.Collector) -> None:
         if isinstance(collector, pytest.Module) and self._watching() and cuda_in_use():
@@ -195,7 +201,10 @@ class Server:
         seeding.registered_seeders()  # read here once, not by every child's first test
         gc.collect()  # the garbage of start-up and collection, once, here
         gc.freeze()  # the rest is permanent: no child's collection walks (and copies) it
-        self.send(event="ready", collected=len(session.items))
+        run = session.config.pluginmanager.get_plugin(PLUGIN_NAME)
+        self.send(event="ready", collected=len(session.items),
+                  received=list(getattr(run, "received", ())),
+                  items=[item.nodeid for item in session.items])  # fmt: skip
         self.answered = True
         job = self._serve()
         if job is None:
@@ -301,6 +310,8 @@ def _become(session: pytest.Session, job: Job) -> None:
     option.capsafe_protect = job.protect
     if job.watch_env is not None:
         option.capsafe_watch_env = job.watch_env
+    if job.worker:
+        _as_xdist_worker(config, job)
     settings = replace(
         _resolve(config), replay=job.nodeids, replay_file=job.replay_file, shuffle="none"
     )
@@ -316,6 +327,23 @@ def _become(session: pytest.Session, job: Job) -> None:
         session=session, config=config, items=session.items
     )
     manager.subset_hook_caller("pytest_collection_finish", others)(session=session)
+
+
+def _as_xdist_worker(config: pytest.Config, job: Job) -> None:
+    """Make this child the xdist worker it stands in for, as far as a test or the capsafe
+    plugin can tell: `config.workerinput` (xdist's `worker_id` and `testrun_uid` fixtures read
+    it, the plugin its worker id, seed and run id) and the variables an xdist worker sets."""
+    config.workerinput = {  # type: ignore[attr-defined]
+        "workerid": job.worker,
+        "workercount": job.workers,
+        "testrunuid": job.testrun_uid,
+        "capsafe_seed": job.seed,
+        "capsafe_run_id": job.run_id,
+    }
+    config.workeroutput = {}  # type: ignore[attr-defined]
+    os.environ.update({"PYTEST_XDIST_WORKER": job.worker,
+                       "PYTEST_XDIST_WORKER_COUNT": str(job.workers),
+                       "PYTEST_XDIST_TESTRUNUID": job.testrun_uid})  # fmt: skip
 
 
 def _torch_cuda_first() -> None:

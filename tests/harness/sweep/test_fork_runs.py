@@ -1,0 +1,189 @@
+"""Suite runs forked from the fork server (issue 21): a child per xdist worker, each given
+the share the seeded scheduler deals it, once an xdist run showed the plan is xdist's."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from capsafe_harness.plugin import order
+from capsafe_harness.records import Record, load_records
+from capsafe_harness.sweep.fork_commands import split_run
+from capsafe_harness.sweep.fork_runs import plan_differs, plan_shares, run_returncode
+from capsafe_harness.sweep.options import SweepOptions
+from capsafe_harness.sweep.run import Sweep
+from capsafe_harness.sweep.state import prepare_out
+
+QUIET = ("-p", "no:run-parallel", "-p", "no:hypothesispytest")
+
+WHO_AM_I = """
+import os, pathlib
+
+def _note(worker_id, testrun_uid):
+    shared = pathlib.Path(os.environ["CAPSAFE_SWEEP_SHARED"])
+    line = " ".join([worker_id, os.environ.get("PYTEST_XDIST_WORKER", "-"),
+                     os.environ.get("PYTEST_XDIST_WORKER_COUNT", "-"), testrun_uid,
+                     os.environ.get("PYTEST_XDIST_TESTRUNUID", "-")])
+    with open(shared / "seen.txt", "a") as f:
+        f.write(line + "\\n")
+
+def test_who(worker_id, testrun_uid):
+    _note(worker_id, testrun_uid)
+
+"""
+MANY = "".join(f"def test_{k}():\n    pass\n\n" for k in range(12))
+
+
+def write_suite(root: Path, files: dict[str, str]) -> Path:
+    root.mkdir(parents=True)
+    (root / "pytest.ini").write_text("[pytest]\n")
+    for name, text in files.items():
+        (root / name).write_text(text)
+    return root
+
+
+def sweep(suite: Path, out: Path, *, fork: bool = True, runs: int = 3) -> dict[str, Any]:
+    options = SweepOptions(paths=(suite,), out=out, invoked_from=suite, pytest_args=QUIET,
+                           progress=False, fork=fork, runs=runs, workers=2, seed=11,
+                           timeout=30)  # fmt: skip
+    prepare_out(out, resume=False, force=False)
+    Sweep(options).execute()
+    summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
+    return summary
+
+
+def fork_notes(summary: dict[str, Any]) -> list[str]:
+    return [n for n in summary["notes"] if n.startswith("fork server")]
+
+
+def shares_of(rows: list[Record]) -> dict[str, list[str]]:
+    """Each worker's tests in the order it ran them."""
+    ran: dict[str, dict[str, int]] = {}
+    for row in rows:
+        ran.setdefault(row["worker"], {}).setdefault(row["nodeid"], row["index"])
+    return {w: sorted(tests, key=tests.__getitem__) for w, tests in sorted(ran.items())}
+
+
+@pytest.mark.timeout(600)
+def test_forked_runs_are_the_xdist_runs_they_stand_for(tmp_path: Path) -> None:
+    """Same seed, same shares, same order per worker as the runs under xdist; and every
+    test sees the worker it ran as (xdist's fixtures and variables)."""
+    suite = write_suite(tmp_path / "suite", {"test_who.py": WHO_AM_I, "test_many.py": MANY})
+    forked = sweep(suite, tmp_path / "forked")
+    assert any(n.startswith("fork server: 2 suite run(s) forked") for n in fork_notes(forked))
+    sweep(suite, tmp_path / "fresh", fork=False)
+    for k in (1, 2, 3):  # run 1 is an xdist run in both: the one the plan is checked against
+        got, want = (load_records(tmp_path / where / "raw" / f"run-{k}")[0]
+                     for where in ("forked", "fresh"))  # fmt: skip
+        assert shares_of(got) == shares_of(want) and set(shares_of(got)) == {"gw0", "gw1"}
+    seen = (tmp_path / "forked" / "raw" / "shared" / "seen.txt").read_text().splitlines()
+    in_runs = [line for line in seen if not line.startswith("master ")]  # not the alone screen
+    assert len(in_runs) == 3  # once a run
+    for line in in_runs:
+        worker_id, variable, count, uid, uid_variable = line.split()
+        assert worker_id in ("gw0", "gw1") and variable == worker_id and count == "2"
+        assert uid == uid_variable != "-"
+    assert {t["classification"] for t in forked["tests"]} == {"pass"}
+
+
+REVERSES_LAST = """
+import pytest
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(items):
+    yield  # every plugin's change, capsafe's shuffle too
+    items.reverse()
+"""
+
+
+@pytest.mark.timeout(600)
+def test_a_plugin_reordering_after_the_shuffle_keeps_every_run_under_xdist(
+    tmp_path: Path,
+) -> None:
+    suite = write_suite(tmp_path / "suite", {"conftest.py": REVERSES_LAST, "test_many.py": MANY})
+    summary = sweep(suite, tmp_path / "out")
+    notes = fork_notes(summary)
+    assert "fork server: suite runs ran under xdist: a plugin reorders the tests after " \
+           "capsafe's shuffle" in notes, notes  # fmt: skip
+    assert not any("suite run(s) forked" in n for n in notes)
+
+
+CRASHES_WHEN_FORKED = (
+    "import os, signal\n"
+    "def test_crashes_only_forked():\n"
+    "    with open(f'/proc/{os.getppid()}/cmdline', 'rb') as parent:\n"
+    "        if b'sweep.fork_server' in parent.read():  # a child of the fork server\n"
+    "            os.kill(os.getpid(), signal.SIGSEGV)\n"
+)
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc")
+@pytest.mark.timeout(600)
+def test_a_forked_run_a_signal_ended_runs_again_under_xdist_and_only_that_counts(
+    tmp_path: Path,
+) -> None:
+    suite = write_suite(tmp_path / "suite", {"test_c.py": CRASHES_WHEN_FORKED,
+                                             "test_many.py": MANY})  # fmt: skip
+    summary = sweep(suite, tmp_path / "out")
+    assert {t["classification"] for t in summary["tests"]} == {"pass"}
+    crashed = [n for n in fork_notes(summary) if "ran again fresh" in n]
+    assert crashed and "run-2" in crashed[0] and "run-3" in crashed[0], fork_notes(summary)
+    for k in (2, 3):  # only the xdist run's rows: none of the crashed child's
+        rows = load_records(tmp_path / "out" / "raw" / f"run-{k}")[0]
+        assert all(r["outcome"] == "passed" for r in rows)
+        assert len({r["nodeid"] for r in rows}) == 13
+
+
+def test_only_suite_runs_are_split_as_runs() -> None:
+    base = [sys.executable, "-m", "pytest", "tests", "-p", "capsafe", "--rootdir=/s"]
+    job = ["--capsafe-records=/r/run-2", "--capsafe-run-id=run-2", "--capsafe-seed=7"]
+    run = split_run([*base, *job, "--capsafe-shuffle=module", "-n=2", "-q"])
+    assert run is not None
+    assert (run.workers, run.shuffle, run.replay.seed) == (2, "module", 7)
+    assert run.replay.server_args == ("-p", "capsafe", "--rootdir=/s", "-n=0", "-q")
+    assert split_run([*base, *job, "--capsafe-shuffle=module", "-n=0"]) is None  # one process
+    assert split_run([*base, *job, "-n=2"]) is None  # no seeded order
+    assert split_run([*base, *job[:2], "--capsafe-shuffle=global", "-n=2"]) is None  # no seed
+    pinned = [*base, *job, "--capsafe-shuffle=global", "-n=2", "--capsafe-gpus=0,1"]
+    assert split_run(pinned) is None  # each worker pinned to its device: run under xdist
+    assert split_run([*base, *job, "--capsafe-shuffle=global", "-n=2", "-n=4"]) is None
+
+
+def test_shares_are_the_shuffle_less_what_later_plugins_drop_dealt_round_robin() -> None:
+    received = [f"t.py::test_{k}" for k in range(7)]
+    items = [n for n in received if n != "t.py::test_3"]  # deselected after the shuffle
+    shares = plan_shares(received, items, seed=5, shuffle="global", workers=2)
+    ordered = [n for n in order.shuffled(received, 5, "global") if n in items]
+    assert shares == [ordered[0::2], ordered[1::2]]
+    assert plan_shares(received, items[::-1], seed=5, shuffle="global", workers=2) is None
+    assert plan_shares(received, [*items, items[0]], 5, "global", 2) is None  # a duplicate
+
+
+def row(nodeid: str, worker: str, index: int) -> Record:
+    return {"nodeid": nodeid, "worker": worker, "index": index}  # type: ignore[typeddict-item]
+
+
+def test_a_run_differs_from_its_plan_by_its_first_different_test() -> None:
+    shares = [["a", "c"], ["b"]]
+    same = [row("a", "gw0", 0), row("a", "gw0", 0), row("c", "gw0", 1), row("b", "gw1", 0)]
+    assert plan_differs(shares, same) == ""
+    swapped = [row("c", "gw0", 0), row("a", "gw0", 1), row("b", "gw1", 0)]
+    assert plan_differs(shares, swapped) == "gw0's test 1 was c where the plan has a"
+    short = [row("a", "gw0", 0), row("b", "gw1", 0)]
+    assert plan_differs(shares, short) == "gw0's test 2 was none where the plan has c"
+    one = [row("a", "gw0", 0), row("c", "gw0", 1), row("b", "gw0", 2)]
+    assert plan_differs(shares, one) == "its workers were ['gw0'], the plan's ['gw0', 'gw1']"
+
+
+@pytest.mark.parametrize(
+    ("codes", "code"),
+    [((0, 0), 0), ((0, 1), 1), ((5, 0), 0), ((5, 5), 5), ((1, -11), -11), ((3, 1), 3)],
+)
+def test_a_runs_exit_code_is_its_shares_as_xdist_gives_it(
+    codes: tuple[int, ...], code: int
+) -> None:
+    assert run_returncode(codes) == code
