@@ -217,10 +217,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--fresh-processes",
         action="store_true",
-        help="start every rerun, replay, screen and pair run in a new interpreter (the "
-        "reference path, and slower); by default they are forked from one pytest that "
-        "collected the suite once, and run fresh only where it cannot fork (the report "
-        "says why)",
+        help="start every suite run (under xdist), rerun, replay, screen and pair run in "
+        "new interpreters (the reference path, and slower); by default they are forked from "
+        "one pytest that collected the suite once (a suite run as a child per xdist worker, "
+        "once the first run under xdist matched their plan), and run fresh only where it "
+        "cannot fork (the report says why)",
     )
     parser.add_argument(
         "--address",
