@@ -188,7 +188,7 @@ class WatchedProcess:
 
     def output_size(self) -> int:
         """Bytes written so far: the stall watchdog kills a process whose count stands still."""
-        return _size(self.records) + _size(self.log)
+        return path_size(self.records) + path_size(self.log)
 
     def _tail(self, *, final: bool) -> Chunk:
         chunk = Chunk()
@@ -274,9 +274,9 @@ class LocalExecutor:
             proc.kill()
 
 
-def _size(path: Path) -> int:
+def path_size(path: Path) -> int:
     if path.is_dir():
-        return sum(_size(p) for p in path.iterdir())
+        return sum(path_size(p) for p in path.iterdir())
     try:
         return path.stat().st_size
     except OSError:

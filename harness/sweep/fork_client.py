@@ -102,6 +102,10 @@ class ForkServer:
         # ended (every plugin's changes): what a suite run's shares are planned from.
         self.received: tuple[str, ...] = ()
         self.items: tuple[str, ...] = ()
+        self.errors = 0  # collection errors (an xdist run with any exits 1)
+        self.dist = "no"  # xdist's --dist as the server's options say (addopts too)
+        self.maxfail = 0  # -x / --maxfail: xdist stops every worker, a share only itself
+        self.worker_reads: tuple[str, ...] = ()  # worker_reads.suite_reads: 'file:line'
         self._jobs, self._results = jobs, results
         self._lock = threading.Lock()
         self._outstanding: dict[str, ForkedJob] = {}
@@ -181,7 +185,11 @@ class ForkServer:
                 raise Refused("the fork server is not running")
             self._outstanding[job.job] = handle
         self._write(job.to_json())
-        handle._started.wait()
+        try:
+            handle._started.wait()
+        except BaseException:  # Ctrl-C: the server reads this after the job, and kills its
+            handle.kill()  # child (it never runs unwatched)
+            raise
         if handle.declined or (handle.lost and not handle.pid):
             raise Refused(handle.declined or handle.lost)
         return handle
@@ -239,6 +247,10 @@ class ForkServer:
             self.collected = int(message["collected"])
             self.received = tuple(message.get("received", ()))
             self.items = tuple(message.get("items", ()))
+            self.errors = int(message.get("errors", 0))
+            self.dist = str(message.get("dist", "no"))
+            self.maxfail = int(message.get("maxfail", 0))
+            self.worker_reads = tuple(message.get("worker_reads", ()))
             self._ready.set()
         elif event == "refused":
             if not self._refusal:

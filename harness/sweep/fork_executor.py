@@ -26,24 +26,29 @@ from __future__ import annotations
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from ..plugin import order
 from ..records import Signal, load_records
 from .executor import (
     SWEEP_TMP_ENV,
-    Chunk,
     Exit,
     Launch,
     LocalExecutor,
     WatchedProcess,
     inherited_environ,
 )
-from .fork_client import ForkedJob, ForkServer, Refused
+from .fork_client import ForkServer, Refused
 from .fork_commands import IN_PROCESS, NO_XDIST, PYTEST, Replay, SuiteRun, split_replay, split_run
-from .fork_runs import ForkedRun, fresh_again, plan_differs, plan_shares
+from .fork_runs import (
+    ForkedRun,
+    ServedProcess,
+    fresh_again,
+    plan_differs,
+    plan_shares,
+    unplannable,
+)
 from .fork_server import Job
 
 __all__ = ["IN_PROCESS", "NO_XDIST", "ForkExecutor", "split_replay"]
@@ -53,7 +58,7 @@ MAX_LEFT_OUT = 3
 costs it one more start and collection); their replays run fresh."""
 
 
-class ForkedProcess(WatchedProcess):
+class ForkedProcess(ServedProcess):
     """A replay run as a fork server's child, watched like a fresh process; a fresh one
     after all when the server declines it."""
 
@@ -72,7 +77,6 @@ class ForkedProcess(WatchedProcess):
         self.server, self.replay, self.on_refused = server, replay, on_refused
         self.collect = collect
         self.overrides = dict(launch.env)  # what the sweep sets: the server has it already
-        self.forked = False
 
     def start(self) -> None:
         self.records.mkdir(parents=True, exist_ok=True)
@@ -102,19 +106,6 @@ class ForkedProcess(WatchedProcess):
             return
         self._scratch = scratch  # removed by close(), as a fresh process's
         self.forked = True
-
-    def chunks(self, stopping: threading.Event) -> Iterator[Chunk]:
-        yield from super().chunks(stopping)
-        if isinstance(self.proc, ForkedJob) and self.proc.lost:
-            self.exit = replace(self.exit, lost=self.proc.lost)
-
-    def kill(self) -> None:
-        """Its process group, killed by the server (which knows the pid is still its child's)."""
-        if not isinstance(self.proc, ForkedJob):
-            super().kill()
-        elif self.proc.returncode is None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 class ForkExecutor(LocalExecutor):
@@ -183,7 +174,11 @@ class ForkExecutor(LocalExecutor):
                 proc = self._forked_procs.pop(id(launch), None)
         ended = end.stalled or end.interrupted
         if isinstance(proc, ForkedRun):  # the server's death too: the xdist run is ours to run
-            crashed = (fresh_again(end.returncode) or bool(end.lost)) and not ended
+            crashed = (
+                not ended
+                and proc.forked
+                and bool(fresh_again(end.returncode) or end.lost or proc.incomplete())
+            )
         else:
             crashed = end.returncode < 0 and not (ended or end.lost)
         if proc is None or not proc.forked or not crashed or stopping.is_set():
@@ -191,6 +186,8 @@ class ForkExecutor(LocalExecutor):
         with self._count:
             self.crashed.append(launch.label)
             self._fresh_launches.add(id(launch))
+            if isinstance(proc, ForkedRun):
+                self.runs_forked -= 1  # it ran under xdist after all
         shutil.rmtree(launch.records, ignore_errors=True)  # the crashed child's rows
         launch.log.unlink(missing_ok=True)
         try:
@@ -249,7 +246,7 @@ class ForkExecutor(LocalExecutor):
             if self.run_plan is not True:
                 return None
         server = self._server(launch, run.replay, {**inherited_environ(), **launch.env})
-        if server is None or run.replay.seed is None:
+        if server is None or run.replay.seed is None or unplannable(server):
             return None
         return plan_shares(server.received, server.items, run.replay.seed, run.shuffle,
                            run.workers)  # fmt: skip
@@ -268,14 +265,13 @@ class ForkExecutor(LocalExecutor):
         server = self._server(launch, run.replay, {**inherited_environ(), **launch.env})
         if server is None or run.replay.seed is None:
             verdict: bool | str = "their fork server refused (see its note)"
+        elif why := unplannable(server):
+            verdict = why
         else:
             shares = plan_shares(server.received, server.items, run.replay.seed, run.shuffle,
                                  run.workers)  # fmt: skip
-            if shares is None:
-                verdict = "a plugin reorders the tests after capsafe's shuffle"
-            else:
-                why = plan_differs(shares, rows)
-                verdict = f"{launch.label} (xdist) was not the plan: {why}" if why else True
+            why = plan_differs(shares, rows)
+            verdict = f"{launch.label} (xdist) was not the plan: {why}" if why else True
         with self._count:
             self.run_plan = verdict
 

@@ -32,29 +32,53 @@ from pathlib import Path
 
 from ..plugin import order
 from ..plugin.schedule import deal
-from ..records import FILE_GLOB, Record
-from .executor import SWEEP_TMP_ENV, Chunk, Launch, WatchedProcess, _size
+from ..records import FILE_GLOB, Record, Signal, load_records
+from .executor import SWEEP_TMP_ENV, Chunk, Launch, WatchedProcess, path_size
 from .fork_client import ForkedJob, ForkServer, Refused
 from .fork_commands import PYTEST, SuiteRun
 from .fork_server import Job
 
-__all__ = ["ForkedRun", "plan_differs", "plan_shares"]
+__all__ = [
+    "ForkedRun",
+    "JobGroup",
+    "ServedProcess",
+    "fresh_again",
+    "plan_differs",
+    "plan_shares",
+    "run_returncode",
+    "unplannable",
+]
 
 RAN = (0, 1, 5)
 """A share's exit codes of a run that ran: passed, failed, no tests (more workers than
 tests). Any other (a signal, an internal or usage error) runs the run again fresh."""
 
 
+def unplannable(server: ForkServer) -> str:
+    """Why a suite run cannot be planned from this server's collection; "" when it can."""
+    if len(set(server.items)) != len(server.items):
+        return "the suite collects one node id twice"
+    if server.dist not in ("no", "load"):
+        return f"xdist schedules it with --dist {server.dist}, not the seeded split"
+    if server.maxfail:
+        return "-x/--maxfail stops every xdist worker at once, a forked share only itself"
+    if server.worker_reads:
+        shown = ", ".join(server.worker_reads[:3])
+        return (f"the suite reads xdist's worker variables while it is imported ({shown}), "
+                "which a forked worker sets only after")  # fmt: skip
+    kept = set(server.items)
+    if [n for n in server.received if n in kept] != list(server.items):
+        return "a plugin reorders the tests after capsafe's shuffle"
+    return ""
+
+
 def plan_shares(
     received: Sequence[str], items: Sequence[str], seed: int, shuffle: str, workers: int
-) -> list[list[str]] | None:
+) -> list[list[str]]:
     """Each worker's tests, in order, for a run with this seed and shuffle: what the plugin
-    `received` shuffled, less what later plugins dropped (the final `items`), dealt. None
-    when those plugins did more than drop tests (their order is not the received one's):
-    then no share can be computed here."""
+    `received` shuffled, less what later plugins dropped (the final `items`), dealt. Only
+    for a collection `unplannable` passes."""
     kept = set(items)
-    if len(kept) != len(items) or [n for n in received if n in kept] != list(items):
-        return None
     ordered = [n for n in order.shuffled(received, seed, shuffle) if n in kept]
     return [[ordered[i] for i in share] for share in deal(len(ordered), workers)]
 
@@ -86,21 +110,29 @@ def _name(tests: Sequence[str], at: int) -> str:
     return tests[at] if at < len(tests) else "none"
 
 
-def run_returncode(codes: Sequence[int]) -> int:
-    """The run's exit code from its shares', as xdist's controller would give it."""
+def run_returncode(codes: Sequence[int], collect_errors: bool = False) -> int:
+    """The run's exit code from its shares', as xdist's controller would give it (a
+    collection error fails the run: a child starts with the server's errors cleared)."""
     odd = [code for code in codes if code not in RAN]
     if odd:
         return odd[0]
-    if 1 in codes:
+    if 1 in codes or collect_errors:
         return 1
     return 0 if 0 in codes else 5
+
+
+def fresh_again(code: int | None) -> bool:
+    """A forked run that ended so runs again as an xdist run (see RAN)."""
+    return code is not None and code not in RAN
 
 
 class JobGroup:
     """A forked run's children as one process (executor.Process): done when all are."""
 
-    def __init__(self, jobs: Sequence[ForkedJob]) -> None:
+    def __init__(self, jobs: Sequence[ForkedJob], collect_errors: bool = False) -> None:
+        assert jobs, "a run has a share at least"
         self.jobs = tuple(jobs)
+        self.collect_errors = collect_errors
 
     @property
     def pid(self) -> int:
@@ -111,7 +143,7 @@ class JobGroup:
         codes = [job.returncode for job in self.jobs]
         if any(code is None for code in codes):
             return None
-        return run_returncode([code for code in codes if code is not None])
+        return run_returncode([c for c in codes if c is not None], self.collect_errors)
 
     @property
     def lost(self) -> str:
@@ -133,7 +165,29 @@ class JobGroup:
             job.wait()
 
 
-class ForkedRun(WatchedProcess):
+class ServedProcess(WatchedProcess):
+    """A process a fork server runs (a replay's child, or a run's children), watched as a
+    fresh one: `forked` once the server runs it, a fresh process when it declines."""
+
+    forked = False
+
+    def chunks(self, stopping: threading.Event) -> Iterator[Chunk]:
+        yield from super().chunks(stopping)
+        lost = getattr(self.proc, "lost", "") if self.forked else ""
+        if lost:
+            self.exit = replace(self.exit, lost=lost)
+
+    def kill(self) -> None:
+        """Its children's process groups, killed by the server (which knows each pid is
+        still its child's)."""
+        if not self.forked:
+            super().kill()
+        elif self.proc is not None and self.proc.returncode is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class ForkedRun(ServedProcess):
     """A suite run as one child per worker share (see the module doc); the xdist run after
     all when the server declines a share."""
 
@@ -151,14 +205,14 @@ class ForkedRun(WatchedProcess):
         self.server, self.run, self.on_refused = server, run, on_refused
         self.shares = [(worker_name(k), tuple(s)) for k, s in enumerate(shares) if s]
         self.overrides = dict(launch.env)  # what the sweep sets: the server has it already
-        self.forked = False
+        self._joined = False
 
     def share_log(self, worker: str) -> Path:
         return self.log.with_name(f"{self.log.stem}.{worker}{self.log.suffix}")
 
     def start(self) -> None:
         self.records.mkdir(parents=True, exist_ok=True)
-        scratch = tempfile.mkdtemp(prefix="capsafe-proc-")  # one per run, as xdist's workers
+        self._scratch = tempfile.mkdtemp(prefix="capsafe-proc-")  # one a run, as xdist's
         uid = uuid.uuid4().hex
         replay = self.run.replay
         started: list[ForkedJob] = []
@@ -167,54 +221,58 @@ class ForkedRun(WatchedProcess):
                 job = Job(
                     job=self.server.job_id(), nodeids=share, records=str(self.records),
                     run_id=replay.run_id, log=str(self.share_log(worker)), seed=replay.seed,
-                    env={**self.overrides, SWEEP_TMP_ENV: scratch},
+                    env={**self.overrides, SWEEP_TMP_ENV: self._scratch},
                     neighbors=replay.neighbors, neighbor_calls=replay.neighbor_calls,
                     protect=replay.protect, watch_env=replay.watch_env,
                     argv=tuple(self.cmd[len(PYTEST) + 1 :]), worker=worker,
-                    workers=len(self.shares), testrun_uid=uid,
+                    workers=self.run.workers, testrun_uid=uid,
                 )  # fmt: skip
                 started.append(self.server.submit(job))
         except Refused as refused:
-            if started:
-                JobGroup(started).kill()
-            shutil.rmtree(scratch, ignore_errors=True)
-            self._clear()
+            self._abandon(started)
             self.on_refused(refused.reason)
             super().start()  # the xdist run
             return
-        self._scratch = scratch  # removed by close(), as a fresh process's
-        self.proc = JobGroup(started)
+        except BaseException:  # Ctrl-C: no share runs on unwatched
+            self._abandon(started)
+            raise
+        self.proc = JobGroup(started, collect_errors=bool(self.server.errors))
         self.forked = True
 
-    def _clear(self) -> None:
-        """What declined shares' siblings wrote: the xdist run starts from nothing."""
+    def _abandon(self, started: Sequence[ForkedJob]) -> None:
+        """Kill the shares started and drop what they wrote: the xdist run (or none) starts
+        from nothing."""
+        if started:
+            JobGroup(started).kill()
+        shutil.rmtree(self._scratch, ignore_errors=True)
+        self._scratch = ""
         for path in self.records.glob(FILE_GLOB):
             path.unlink(missing_ok=True)
         for worker, _ in self.shares:
             self.share_log(worker).unlink(missing_ok=True)
 
+    def incomplete(self) -> str:
+        """The first test of a share that never finished (no teardown row, no crash row)
+        though its child ended by itself: xdist would have run it on a new worker."""
+        rows, _ = load_records(self.records)
+        done = {r["nodeid"] for r in rows
+                if r["phase"] == "teardown" or Signal.CRASH in r["signals"]}  # fmt: skip
+        return next((n for _, share in self.shares for n in share if n not in done), "")
+
     def output_size(self) -> int:
-        return super().output_size() + sum(_size(self.share_log(w)) for w, _ in self.shares)
-
-    def chunks(self, stopping: threading.Event) -> Iterator[Chunk]:
-        yield from super().chunks(stopping)
-        if isinstance(self.proc, JobGroup) and self.proc.lost:
-            self.exit = replace(self.exit, lost=self.proc.lost)
-
-    def kill(self) -> None:
-        if not isinstance(self.proc, JobGroup):
-            super().kill()
-        elif self.proc.returncode is None:
-            self.proc.kill()
+        return super().output_size() + sum(path_size(self.share_log(w)) for w, _ in self.shares)
 
     def close(self) -> None:
         """As a fresh run's, and the shares' logs joined into the run's log, in worker order
-        (each ends with its own pytest summary line)."""
+        with the failed ones last (the run's last line is then a failure's, as xdist's)."""
         super().close()
-        if not self.forked:
+        if not self.forked or self._joined:
             return
+        self._joined = True
+        codes = dict(zip((w for w, _ in self.shares), self._codes(), strict=True))
+        workers = sorted(codes, key=lambda w: codes[w] not in (0, 5))  # stable: worker order
         with open(self.log, "wb") as out:
-            for worker, _ in self.shares:
+            for worker in workers:
                 path = self.share_log(worker)
                 try:
                     data = path.read_bytes()
@@ -224,7 +282,6 @@ class ForkedRun(WatchedProcess):
                 out.write(data if data.endswith(b"\n") or not data else data + b"\n")
                 path.unlink(missing_ok=True)
 
-
-def fresh_again(code: int | None) -> bool:
-    """A forked run that ended so runs again as an xdist run (see RAN)."""
-    return code is not None and code not in RAN
+    def _codes(self) -> list[int | None]:
+        return [job.returncode for job in self.proc.jobs] if isinstance(self.proc, JobGroup) \
+            else [None] * len(self.shares)  # fmt: skip

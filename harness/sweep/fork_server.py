@@ -68,6 +68,7 @@ from ..plugin import (
     protect,
     seeding,
 )
+from . import worker_reads
 from .fork_checks import cuda_in_use, fork_refusal
 
 __all__ = ["FDS_ENV", "JOB_OPTIONS", "MODULE", "Job", "main"]
@@ -190,6 +191,7 @@ class Server:
     def pytest_runtestloop(self, session: pytest.Session) -> bool | None:
         if session.config.option.collectonly:
             return None
+        worker_reads.stop()
         reason = fork_refusal()
         if reason is not None:
             print(f"capsafe fork server: refused: {reason}", file=sys.stderr)  # in its log
@@ -201,10 +203,14 @@ class Server:
         seeding.registered_seeders()  # read here once, not by every child's first test
         gc.collect()  # the garbage of start-up and collection, once, here
         gc.freeze()  # the rest is permanent: no child's collection walks (and copies) it
-        run = session.config.pluginmanager.get_plugin(PLUGIN_NAME)
+        config = session.config
+        run = config.pluginmanager.get_plugin(PLUGIN_NAME)
         self.send(event="ready", collected=len(session.items),
                   received=list(getattr(run, "received", ())),
-                  items=[item.nodeid for item in session.items])  # fmt: skip
+                  items=[item.nodeid for item in session.items],
+                  errors=session.testsfailed, dist=getattr(config.option, "dist", "no"),
+                  maxfail=config.option.maxfail,
+                  worker_reads=worker_reads.suite_reads(config.rootpath))  # fmt: skip
         self.answered = True
         job = self._serve()
         if job is None:
@@ -330,10 +336,13 @@ def _become(session: pytest.Session, job: Job) -> None:
 
 
 def _as_xdist_worker(config: pytest.Config, job: Job) -> None:
-    """Make this child the xdist worker it stands in for, as far as a test or the capsafe
-    plugin can tell: `config.workerinput` (xdist's `worker_id` and `testrun_uid` fixtures read
-    it, the plugin its worker id, seed and run id) and the variables an xdist worker sets."""
+    """Make this child the xdist worker it stands in for, as xdist's fixtures, its variables
+    and the capsafe plugin tell it: `config.workerinput` (`worker_id` and `testrun_uid` read
+    it, the plugin its worker id, seed and run id) and the variables an xdist worker sets.
+    What read them before the fork (import, collection, configure) saw the server's none:
+    a suite whose own code did keeps its runs under xdist (worker_reads)."""
     config.workerinput = {  # type: ignore[attr-defined]
+        "mainargv": list(sys.argv),
         "workerid": job.worker,
         "workercount": job.workers,
         "testrunuid": job.testrun_uid,
@@ -451,7 +460,11 @@ def main(argv: Sequence[str]) -> int:
     added = [name for name in SERVER_ENV if name not in os.environ]
     os.environ.update({name: SERVER_ENV[name] for name in added})
     server = Server(jobs, results, added)
-    code = int(pytest.main(list(argv), plugins=[server]))
+    worker_reads.start()  # until the run loop: what import and collection read
+    try:
+        code = int(pytest.main(list(argv), plugins=[server]))
+    finally:
+        worker_reads.stop()
     if server.in_child:  # the job's pytest session is over: exit as its process would
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):

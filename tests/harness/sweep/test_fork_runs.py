@@ -6,14 +6,23 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from capsafe_harness.plugin import order
 from capsafe_harness.records import Record, load_records
+from capsafe_harness.sweep.executor import Launch
 from capsafe_harness.sweep.fork_commands import split_run
-from capsafe_harness.sweep.fork_runs import plan_differs, plan_shares, run_returncode
+from capsafe_harness.sweep.fork_runs import (
+    ForkedRun,
+    plan_differs,
+    plan_shares,
+    run_returncode,
+    unplannable,
+)
+from capsafe_harness.sweep.fork_server import Job
 from capsafe_harness.sweep.options import SweepOptions
 from capsafe_harness.sweep.run import Sweep
 from capsafe_harness.sweep.state import prepare_out
@@ -46,9 +55,11 @@ def write_suite(root: Path, files: dict[str, str]) -> Path:
     return root
 
 
-def sweep(suite: Path, out: Path, *, fork: bool = True, runs: int = 3) -> dict[str, Any]:
+def sweep(
+    suite: Path, out: Path, *, fork: bool = True, runs: int = 3, workers: int = 2
+) -> dict[str, Any]:
     options = SweepOptions(paths=(suite,), out=out, invoked_from=suite, pytest_args=QUIET,
-                           progress=False, fork=fork, runs=runs, workers=2, seed=11,
+                           progress=False, fork=fork, runs=runs, workers=workers, seed=11,
                            timeout=30)  # fmt: skip
     prepare_out(out, resume=False, force=False)
     Sweep(options).execute()
@@ -159,8 +170,31 @@ def test_shares_are_the_shuffle_less_what_later_plugins_drop_dealt_round_robin()
     shares = plan_shares(received, items, seed=5, shuffle="global", workers=2)
     ordered = [n for n in order.shuffled(received, 5, "global") if n in items]
     assert shares == [ordered[0::2], ordered[1::2]]
-    assert plan_shares(received, items[::-1], seed=5, shuffle="global", workers=2) is None
-    assert plan_shares(received, [*items, items[0]], 5, "global", 2) is None  # a duplicate
+
+
+def server(**given: Any) -> Any:
+    """What `unplannable` reads of a ready fork server."""
+    items = ("t.py::a", "t.py::b")
+    facts = {"received": items, "items": items, "dist": "no", "maxfail": 0,
+             "worker_reads": (), **given}  # fmt: skip
+    return SimpleNamespace(**facts)
+
+
+@pytest.mark.parametrize(
+    ("given", "why"),
+    [
+        ({}, ""),
+        ({"dist": "load"}, ""),  # what the server's own -n=0 never says, but an ini might
+        ({"items": ("t.py::b", "t.py::a")}, "a plugin reorders the tests after capsafe's"),
+        ({"items": ("t.py::a", "t.py::a")}, "the suite collects one node id twice"),
+        ({"dist": "loadfile"}, "xdist schedules it with --dist loadfile"),
+        ({"maxfail": 1}, "-x/--maxfail stops every xdist worker"),
+        ({"worker_reads": ("conftest.py:3",)}, "the suite reads xdist's worker variables while"),
+    ],
+)
+def test_a_collection_the_plan_cannot_follow_says_why(given: dict[str, Any], why: str) -> None:
+    found = unplannable(server(**given))
+    assert found.startswith(why) if why else found == ""
 
 
 def row(nodeid: str, worker: str, index: int) -> Record:
@@ -187,3 +221,116 @@ def test_a_runs_exit_code_is_its_shares_as_xdist_gives_it(
     codes: tuple[int, ...], code: int
 ) -> None:
     assert run_returncode(codes) == code
+
+
+def test_a_run_with_collection_errors_fails_as_xdist_fails_it() -> None:
+    assert run_returncode((0, 0), collect_errors=True) == 1
+
+
+class FakeJob:
+    def __init__(self) -> None:
+        self.killed = False
+        self.returncode: int | None = None
+
+    def kill(self) -> None:
+        self.killed = True
+        self.returncode = -9
+
+    def wait(self, timeout: float | None = None) -> int:
+        return -9
+
+
+class InterruptedServer:
+    """Starts the first share, and Ctrl-C lands while the second is submitted."""
+
+    errors = 0
+
+    def __init__(self) -> None:
+        self.started: list[FakeJob] = []
+
+    def job_id(self) -> str:
+        return str(len(self.started))
+
+    def submit(self, job: Job) -> FakeJob:
+        Path(job.records, f"records-{job.run_id}-{job.worker}-1.jsonl").write_text("{}\n")
+        if self.started:
+            raise KeyboardInterrupt
+        self.started.append(FakeJob())
+        return self.started[0]
+
+
+def test_ctrl_c_while_a_runs_shares_start_kills_the_started_ones_and_keeps_nothing(
+    tmp_path: Path,
+) -> None:
+    fake = InterruptedServer()
+    records = tmp_path / "run-2"
+    job = [f"--capsafe-records={records}", "--capsafe-run-id=run-2", "--capsafe-seed=3"]
+    cmd = [sys.executable, "-m", "pytest", ".", "-p", "capsafe", *job, "--capsafe-shuffle=global",
+           "-n=2"]  # fmt: skip
+    run = split_run(cmd)
+    assert run is not None
+    launch = Launch("run-2", tuple(cmd), tmp_path, {}, records, tmp_path / "run-2.log", 60.0)
+    proc = ForkedRun(fake, run, [["t.py::a"], ["t.py::b"]], launch, {},  # type: ignore[arg-type]
+                     on_refused=lambda why: None)  # fmt: skip
+    with pytest.raises(KeyboardInterrupt):
+        proc.start()
+    assert fake.started[0].killed  # no share runs on unwatched
+    assert not list(records.glob("records-*")) and not proc.forked
+    proc.close()
+
+
+MORE_WORKERS_THAN_TESTS = """
+import os
+
+def test_sees_every_worker_counted():  # a replay runs in one process, with no count
+    assert os.environ.get("PYTEST_XDIST_WORKER_COUNT", "3") == "3"
+"""
+
+
+@pytest.mark.timeout(600)
+def test_a_run_with_more_workers_than_tests_counts_every_worker(tmp_path: Path) -> None:
+    suite = write_suite(tmp_path / "suite", {"test_one.py": MORE_WORKERS_THAN_TESTS})
+    summary = sweep(suite, tmp_path / "out", workers=3)
+    assert any(" suite run(s) forked" in n for n in fork_notes(summary)), fork_notes(summary)
+    assert {t["classification"] for t in summary["tests"]} == {"pass"}
+
+
+EXITS_WHEN_FORKED = (
+    "import os\n"
+    "def test_exits_only_forked():\n"
+    "    with open(f'/proc/{os.getppid()}/cmdline', 'rb') as parent:\n"
+    "        if b'sweep.fork_server' in parent.read():  # a child of the fork server\n"
+    "            os._exit(1)\n"
+)
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc")
+@pytest.mark.timeout(600)
+def test_a_share_that_ends_before_its_last_test_runs_its_run_again_under_xdist(
+    tmp_path: Path,
+) -> None:
+    """xdist replaces a worker that exits mid-test and runs the rest of its tests: a share's
+    child that exits (with a code that reads as a run) leaves its later tests unrun."""
+    suite = write_suite(tmp_path / "suite", {"test_x.py": EXITS_WHEN_FORKED,
+                                             "test_many.py": MANY})  # fmt: skip
+    summary = sweep(suite, tmp_path / "out")
+    assert all(t["runs"] == 3 for t in summary["tests"]), [
+        (t["nodeid"], t["runs"]) for t in summary["tests"] if t["runs"] != 3
+    ]
+    assert any("ran again fresh" in n for n in fork_notes(summary)), fork_notes(summary)
+
+
+READS_WORKER_AT_IMPORT = """
+import os
+
+PORT = 8000 + int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:])
+"""
+
+
+@pytest.mark.timeout(600)
+def test_a_suite_reading_its_worker_at_import_keeps_its_runs_under_xdist(tmp_path: Path) -> None:
+    suite = write_suite(tmp_path / "suite", {"conftest.py": READS_WORKER_AT_IMPORT,
+                                             "test_many.py": MANY})  # fmt: skip
+    notes = fork_notes(sweep(suite, tmp_path / "out"))
+    assert any("suite runs ran under xdist: the suite reads xdist's worker variables while it "
+               "is imported (conftest.py:4)" in n for n in notes), notes  # fmt: skip

@@ -151,6 +151,9 @@ def test_a_sweep_with_the_fork_server_gives_the_summary_a_fresh_one_does(
     else:  # protected reruns too: their integrations install in the child (JOB_OPTIONS)
         assert notes[0].endswith(", 0 run fresh")  # no refusal, no fallback
         assert notes[1:] == runs and all(" suite run(s) forked, " in n for n in runs)
+        chosen = json.loads((SUITES / name / "answer_key.json").read_text()).get("sweep", {})
+        if chosen.get("workers", 2) and chosen.get("runs", 5) > 1:  # runs after the first fork
+            assert runs, notes
 
 
 POLLUTED = {
