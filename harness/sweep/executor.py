@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from ..records import FILE_GLOB
+from . import worker_reads
 
 SWEEP_TMP_ENV = "CAPSAFE_SWEEP_TMP"
 """Set for every test process: a fresh empty directory of its own, removed afterwards."""
@@ -40,8 +41,7 @@ TEARDOWN_MARK = b'"phase":"teardown"'  # one per finished test in a records file
 POLL_S = 0.05
 
 
-OUTER_PYTEST_VARIABLES = ("PYTEST_CURRENT_TEST", "PYTEST_XDIST_WORKER",
-                          "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID")  # fmt: skip
+OUTER_PYTEST_VARIABLES = ("PYTEST_CURRENT_TEST", *worker_reads.VARIABLES)
 """What a pytest running the sweep (a test of it, under xdist) sets for its own process: a
 test process of the sweep inheriting them would look like an xdist worker of that outer
 run to its plugins (pytest-benchmark's "xdist active" warning, an error under a project's

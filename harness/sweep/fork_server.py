@@ -350,9 +350,8 @@ def _as_xdist_worker(config: pytest.Config, job: Job) -> None:
         "capsafe_run_id": job.run_id,
     }
     config.workeroutput = {}  # type: ignore[attr-defined]
-    os.environ.update({"PYTEST_XDIST_WORKER": job.worker,
-                       "PYTEST_XDIST_WORKER_COUNT": str(job.workers),
-                       "PYTEST_XDIST_TESTRUNUID": job.testrun_uid})  # fmt: skip
+    os.environ.update({worker_reads.WORKER: job.worker, worker_reads.COUNT: str(job.workers),
+                       worker_reads.RUN_UID: job.testrun_uid})  # fmt: skip
 
 
 def _torch_cuda_first() -> None:

@@ -20,10 +20,12 @@ import sysconfig
 from pathlib import Path
 from types import FrameType
 
-__all__ = ["VARIABLES", "start", "stop", "suite_reads"]
+__all__ = ["COUNT", "RUN_UID", "VARIABLES", "WORKER", "start", "stop", "suite_reads"]
 
-VARIABLES = frozenset({"PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT",
-                       "PYTEST_XDIST_TESTRUNUID"})  # fmt: skip
+WORKER = "PYTEST_XDIST_WORKER"
+COUNT = "PYTEST_XDIST_WORKER_COUNT"
+RUN_UID = "PYTEST_XDIST_TESTRUNUID"
+VARIABLES = (WORKER, COUNT, RUN_UID)  # what an xdist worker sets for itself
 _STDLIB = (os.path.dirname(os.__file__), "<frozen")
 _reads: list[tuple[str, int]] = []  # (file, line) of each read, in order
 
