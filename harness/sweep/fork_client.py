@@ -114,6 +114,7 @@ class ForkServer:
         self._refusal = ""
         self._culprit = ("", "")  # a refusal's module node id and path, where one was found
         self._closed = False
+        self._unreadable = ""  # why an answer could not be read: the server was ended for it
         self._jobs_open = True
         self._reader = threading.Thread(target=self._read, name="fork-server-reader", daemon=True)
 
@@ -236,9 +237,18 @@ class ForkServer:
 
     # -- the reader thread ----------------------------------------------------
     def _read(self) -> None:
+        """Take the server's answers until they end. One that cannot be read (not JSON, a
+        field of another type) ends the server: nobody would be told anything after it, and
+        a sweep waiting for "ready" waited out the whole start timeout (pytest 9.2 gives
+        `maxfail` as None, which this thread once died on)."""
         with open(self._results, "rb") as answers:
-            for line in answers:
-                self._take(json.loads(line))
+            try:
+                for line in answers:
+                    self._take(json.loads(line))
+            except (ValueError, TypeError, KeyError) as exc:
+                self._unreadable = f"the fork server's answer could not be read ({exc!r})"
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
         self._server_gone()
 
     def _take(self, message: Mapping[str, Any]) -> None:
@@ -249,7 +259,7 @@ class ForkServer:
             self.items = tuple(message.get("items", ()))
             self.errors = int(message.get("errors", 0))
             self.dist = str(message.get("dist", "no"))
-            self.maxfail = int(message.get("maxfail", 0))
+            self.maxfail = int(message.get("maxfail") or 0)
             self.worker_reads = tuple(message.get("worker_reads", ()))
             self._ready.set()
         elif event == "refused":
@@ -269,13 +279,16 @@ class ForkServer:
         """The server's answers ended: kill its orphaned children, end their jobs as lost."""
         if not self._ready.is_set():
             exited = self.proc.wait()
-            self._refusal = self._refusal or f"the fork server exited ({exited}) before serving"
+            self._refusal = (self._refusal or self._unreadable
+                             or f"the fork server exited ({exited}) before serving")  # fmt: skip
             self._ready.set()
         with self._lock:
             outstanding = list(self._outstanding.values())
             self._outstanding.clear()
         code = self.proc.poll()
-        why = f"the fork server died ({code if code is not None else 'no exit status'})"
+        why = self._unreadable or (
+            f"the fork server died ({code if code is not None else 'no exit status'})"
+        )
         for handle in outstanding:
             if handle.pid:
                 with contextlib.suppress(ProcessLookupError, PermissionError):

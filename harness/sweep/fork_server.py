@@ -209,7 +209,7 @@ class Server:
                   received=list(getattr(run, "received", ())),
                   items=[item.nodeid for item in session.items],
                   errors=session.testsfailed, dist=getattr(config.option, "dist", "no"),
-                  maxfail=config.option.maxfail,
+                  maxfail=config.option.maxfail or 0,  # None in pytest 9.2 when not given
                   worker_reads=worker_reads.suite_reads(config.rootpath))  # fmt: skip
         self.answered = True
         job = self._serve()

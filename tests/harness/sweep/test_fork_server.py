@@ -903,3 +903,28 @@ def test_a_sweep_run_inside_pytest_gives_its_processes_none_of_that_pytests_vari
     found = inherited_environ()
     assert not set(OUTER_PYTEST_VARIABLES) & set(found)
     assert found["PYTEST_ADDOPTS"] == "-v"
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [b"not json\n", b'{"event": "ready", "collected": "many"}\n', b'{"no event": 1}\n'],
+)
+def test_an_answer_the_sweep_cannot_read_ends_the_server_and_refuses(
+    tmp_path: Path, answer: bytes
+) -> None:
+    """A reader thread that died on an answer left "ready" unset: the sweep waited out the
+    whole start timeout (pytest 9.2's `maxfail` of None, in the landing CI)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                            start_new_session=True)  # fmt: skip
+    jobs_read, jobs_write = os.pipe()
+    results_read, results_write = os.pipe()
+    server = ForkServer(proc, jobs_write, results_read, tmp_path / "server.log")
+    server._reader.start()
+    os.write(results_write, answer)
+    started = time.monotonic()
+    with pytest.raises(Refused, match="the fork server's answer could not be read"):
+        server.wait_ready(timeout=60)
+    assert time.monotonic() - started < 30  # told, not timed out
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    os.close(results_write)
+    os.close(jobs_read)
