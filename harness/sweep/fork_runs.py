@@ -64,7 +64,7 @@ def unplannable(server: ForkServer) -> str:
         return "-x/--maxfail stops every xdist worker at once, a forked share only itself"
     if server.worker_reads:
         shown = ", ".join(server.worker_reads[:3])
-        return (f"the suite reads xdist's worker variables while it is imported ({shown}), "
+        return (f"the suite reads xdist's worker variables before its tests run ({shown}), "
                 "which a forked worker sets only after")  # fmt: skip
     kept = set(server.items)
     if [n for n in server.received if n in kept] != list(server.items):

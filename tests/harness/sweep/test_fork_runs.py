@@ -189,7 +189,7 @@ def server(**given: Any) -> Any:
         ({"items": ("t.py::a", "t.py::a")}, "the suite collects one node id twice"),
         ({"dist": "loadfile"}, "xdist schedules it with --dist loadfile"),
         ({"maxfail": 1}, "-x/--maxfail stops every xdist worker"),
-        ({"worker_reads": ("conftest.py:3",)}, "the suite reads xdist's worker variables while"),
+        ({"worker_reads": ("conftest.py:3",)}, "the suite reads xdist's worker variables before"),
     ],
 )
 def test_a_collection_the_plan_cannot_follow_says_why(given: dict[str, Any], why: str) -> None:
@@ -332,5 +332,5 @@ def test_a_suite_reading_its_worker_at_import_keeps_its_runs_under_xdist(tmp_pat
     suite = write_suite(tmp_path / "suite", {"conftest.py": READS_WORKER_AT_IMPORT,
                                              "test_many.py": MANY})  # fmt: skip
     notes = fork_notes(sweep(suite, tmp_path / "out"))
-    assert any("suite runs ran under xdist: the suite reads xdist's worker variables while it "
-               "is imported (conftest.py:4)" in n for n in notes), notes  # fmt: skip
+    assert any("suite runs ran under xdist: the suite reads xdist's worker variables before "
+               "its tests run (conftest.py:4)" in n for n in notes), notes  # fmt: skip

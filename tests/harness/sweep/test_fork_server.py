@@ -119,7 +119,7 @@ def test_a_forked_replay_writes_the_rows_a_fresh_one_does(
 
 #: Planted suites whose suite runs stay under xdist, with the report's reason.
 UNDER_XDIST = {
-    "import_once": "the suite reads xdist's worker variables while it is imported "
+    "import_once": "the suite reads xdist's worker variables before its tests run "
     "(conftest.py:14), which a forked worker sets only after",  # its rendezvous
 }
 CRASH_EVERY_RUN = {"crash"}  # no xdist run ends cleanly to check the plan against
