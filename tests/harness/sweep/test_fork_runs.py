@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from forked_suites import CRASHES_WHEN_FORKED, when_forked, write_suite
 
 from capsafe_harness.plugin import order
 from capsafe_harness.records import Record, load_records
@@ -45,14 +46,6 @@ def test_who(worker_id, testrun_uid):
 
 """
 MANY = "".join(f"def test_{k}():\n    pass\n\n" for k in range(12))
-
-
-def write_suite(root: Path, files: dict[str, str]) -> Path:
-    root.mkdir(parents=True)
-    (root / "pytest.ini").write_text("[pytest]\n")
-    for name, text in files.items():
-        (root / name).write_text(text)
-    return root
 
 
 def sweep(
@@ -121,15 +114,6 @@ def test_a_plugin_reordering_after_the_shuffle_keeps_every_run_under_xdist(
     assert "fork server: suite runs ran under xdist: a plugin reorders the tests after " \
            "capsafe's shuffle" in notes, notes  # fmt: skip
     assert not any("suite run(s) forked" in n for n in notes)
-
-
-CRASHES_WHEN_FORKED = (
-    "import os, signal\n"
-    "def test_crashes_only_forked():\n"
-    "    with open(f'/proc/{os.getppid()}/cmdline', 'rb') as parent:\n"
-    "        if b'sweep.fork_server' in parent.read():  # a child of the fork server\n"
-    "            os.kill(os.getpid(), signal.SIGSEGV)\n"
-)
 
 
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc")
@@ -295,13 +279,7 @@ def test_a_run_with_more_workers_than_tests_counts_every_worker(tmp_path: Path) 
     assert {t["classification"] for t in summary["tests"]} == {"pass"}
 
 
-EXITS_WHEN_FORKED = (
-    "import os\n"
-    "def test_exits_only_forked():\n"
-    "    with open(f'/proc/{os.getppid()}/cmdline', 'rb') as parent:\n"
-    "        if b'sweep.fork_server' in parent.read():  # a child of the fork server\n"
-    "            os._exit(1)\n"
-)
+EXITS_WHEN_FORKED = when_forked("test_exits_only_forked", "os._exit(1)")
 
 
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc")

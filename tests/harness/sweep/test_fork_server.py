@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from forked_suites import CRASHES_WHEN_FORKED, write_suite
 
 from capsafe_harness.plugin import order
 from capsafe_harness.records import Record, load_records
@@ -196,14 +197,6 @@ def test_the_alone_screens_watch_list_is_the_jobs_own(tmp_path: Path, forks: For
                    ["test_l.py::test_leak"], None, extra=screen_args)  # fmt: skip
     leaks = [[r["env_leak"] for r in p.rows if r.get("env_leak")] for p in (plain, screen, fresh)]
     assert leaks == [[], [{"OTHER_LEAK": [None, "1"]}], [{"OTHER_LEAK": [None, "1"]}]]
-
-
-def write_suite(root: Path, files: dict[str, str]) -> Path:
-    root.mkdir(parents=True)
-    (root / "pytest.ini").write_text("[pytest]\n")
-    for name, text in files.items():
-        (root / name).write_text(text)
-    return root
 
 
 def test_neighbour_threads_start_in_the_child_and_the_server_still_forks(
@@ -527,15 +520,6 @@ def test_a_child_with_neighbours_starts_torchs_cuda_first_and_a_plain_child_does
     finally:
         server.close()
     assert codes == [0, 1]
-
-
-CRASHES_WHEN_FORKED = (
-    "import os, signal\n"
-    "def test_crashes_only_forked():\n"
-    "    with open(f'/proc/{os.getppid()}/cmdline', 'rb') as parent:\n"
-    "        if b'sweep.fork_server' in parent.read():  # a child of the fork server\n"
-    "            os.kill(os.getpid(), signal.SIGSEGV)\n"
-)
 
 
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc")
