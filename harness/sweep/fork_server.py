@@ -102,6 +102,10 @@ SERVER_ENV = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
 `cuda.is_available()`, which suites call at import (skip marks), then asks NVML instead of
 calling `cuInit`, which no process may fork after. The answer is the same."""
 POLL_S = 0.02
+"""How often the job loop looks for ended children where it cannot be woken by their exit
+(no `os.pidfd_open`: not Linux); with it a child's exit is answered at once (at 20 ms a
+poll, each job's end waited 10 ms on average: 1.4 s over a 2,000-test synthetic sweep's
+140 jobs, much of it on searches that run one replay after another)."""
 SESSION_END_IMPORTS = {"hypothesispytest": "hypothesis.internal.observability"}
 """Plugin name -> the module it imports in every session's terminal summary."""
 JOB_PLUGINS = (PLUGIN_NAME, phase_times.PLUGIN_NAME, neighbor_run.PLUGIN_NAME, protect.PLUGIN_NAME)
@@ -155,6 +159,7 @@ class Server:
         self.job: Job | None = None  # set in a child: the job it runs
         self.answered = False  # said "ready" or "refused"
         self._children: dict[str, int] = {}  # job id -> child pid
+        self._exits: dict[str, int] = {}  # job id -> a pidfd readable once the child ended
         self._pending = b""
         # The first test module whose import initialised CUDA (node id, path), and whether
         # CUDA was found in use before any module's collection began (a conftest, a plugin).
@@ -226,8 +231,8 @@ class Server:
         stopping = False
         while not (stopping and not self._children):
             self._reap()
-            readable, _, _ = select.select([self.jobs], [], [], POLL_S)
-            if not readable:
+            readable, _, _ = select.select([self.jobs, *self._exits.values()], [], [], POLL_S)
+            if self.jobs not in readable:
                 continue
             data = os.read(self.jobs, 1 << 16)
             if not data:  # the client died: nobody reads our children's results
@@ -261,9 +266,15 @@ class Server:
             os.setsid()  # its own process group: the caller's kill ends what it started too
             os.close(self.jobs)
             os.close(self.results)
+            for fd in self._exits.values():
+                os.close(fd)
             self._children.clear()
+            self._exits.clear()
             return True
         self._children[job.job] = pid
+        if hasattr(os, "pidfd_open"):
+            with contextlib.suppress(OSError):  # a kernel before 5.3: polled instead
+                self._exits[job.job] = os.pidfd_open(pid)
         self.send(event="started", job=job.job, pid=pid)
         return False
 
@@ -272,6 +283,8 @@ class Server:
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 del self._children[job]
+                if job in self._exits:
+                    os.close(self._exits.pop(job))
                 self.send(event="exit", job=job, returncode=os.waitstatus_to_exitcode(status))
 
     def _kill(self, job: str) -> None:
