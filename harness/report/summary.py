@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 
@@ -97,8 +97,11 @@ class Summary:
     fixes: list[FixRecord] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        """summary.json's content (no `placement` key when no process was pinned)."""
-        data = asdict(self)
+        """summary.json's content (no `placement` key when no process was pinned). A
+        verdict's fields hold no dataclass, so each is copied flat: `asdict`'s deep copy of
+        every list and dict took 0.4 s at 2,000 tests, for a dump."""
+        data = asdict(replace(self, tests=[]))
+        data["tests"] = [dict(vars(t)) for t in self.tests]
         if data["placement"] is None:
             del data["placement"]
         return data

@@ -17,12 +17,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from ..plugin import order
 from ..records import Signal
+from ..verdicts import fold
 from ..verdicts.fold import Attempt
 from .journal import Journal, question
 from .options import SweepOptions
@@ -48,6 +49,8 @@ class Replayed:
     returncode: int
     ran: bool  # it recorded at least one row
     log: Path
+    runs_failed: dict[str, tuple[bool, ...]] = field(default_factory=dict)  # each run of
+    # a test it ran more than once: failed?, in order (`attempts` folds them into one)
 
     def outcome(self, target: str) -> tuple[bool | None, frozenset[str]]:
         """(did `target` fail?, its signals); failed is None when it did not run at all."""
@@ -242,7 +245,9 @@ class SweepHost:
     def _replayed(result: ProcessResult) -> Replayed:
         label = result.label
         found = {a.nodeid: a for (run, _), a in result.attempts().items() if run == label}
-        return Replayed(label, found, result.returncode, bool(result.rows), result.log)
+        mine = [r for r in result.rows if r["run_id"] == label]
+        return Replayed(label, found, result.returncode, bool(result.rows), result.log,
+                        fold.failures_by_run(mine))  # fmt: skip
 
     @contextmanager
     def only(self) -> Iterator[object]:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import concurrent.futures
 import math
 import statistics
+import threading
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
@@ -111,22 +112,27 @@ class ParallelCheck:
         passed: Counter[str] = Counter()
         failed: set[str] = set()
 
+        one_at_a_time = threading.Lock()  # the replays are exclusive anyway: holding this
+        # over the choice too lets each see what the last decided (two pool threads both
+        # chose before either replayed, and a victim its first order decided ran it twice)
+
         def sequence(job: tuple[ProcessKey, tuple[str, ...]], _: int) -> list[object]:
             key, targets = job
-            with self.store.lock:  # one that failed its order once is decided: order-dependent
-                targets = tuple(n for n in targets if n not in failed)
-            if not targets or not self.host.budget_left():
-                return []
-            order = self._sequence_of(key)
-            order = order[: max(order.index(n) for n in targets) + 1]  # nothing after them
-            ran = self.host.replay(order, seed=self._seed_of(key), kind="sequence",
-                                   exclusive=True)  # fmt: skip
-            with self.store.lock:
-                for nodeid in targets:
-                    if ran.outcome(nodeid)[0] is False:
-                        passed[nodeid] += 1
-                    else:
-                        failed.add(nodeid)
+            with one_at_a_time:
+                with self.store.lock:  # one that failed its order once is decided
+                    targets = tuple(n for n in targets if n not in failed)
+                if not targets or not self.host.budget_left():
+                    return []
+                order = self._sequence_of(key)
+                order = order[: max(order.index(n) for n in targets) + 1]  # nothing after them
+                ran = self.host.replay(order, seed=self._seed_of(key), kind="sequence",
+                                       exclusive=True)  # fmt: skip
+                with self.store.lock:
+                    for nodeid in targets:
+                        if ran.outcome(nodeid)[0] is False:
+                            passed[nodeid] += 1
+                        else:
+                            failed.add(nodeid)
             return []
 
         self.host.pool("parallel checks", replays, sequence, target=lambda job: None)

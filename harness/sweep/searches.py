@@ -13,7 +13,7 @@ Every process goes through the sweep's `Host`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from ..plugin import order
 from ..records import Signal
@@ -31,11 +31,14 @@ MAX_PREFIXES = 2  # failing (or passing) runs whose prefix a search tries before
 PAIRS_PER_REPLAY = 100  # tests one pair screen (`P X1 P X2 ...`) puts after a cause, in
 # whole modules (a module larger than this is one process)
 MAX_LEAKERS = 10  # tests that left the environment changed, each screened as a polluter
+SENTINEL_EVERY = 50  # tests a polluter's pair screen runs after one replay of it, before the
+# victim that says its state outlived them (`P X1 ... X50 V P X51 ...`)
 
 Job = tuple[str, ...]
 """(kind, test), ("trial", kind, culprits..., test), ("screen", kind, culprits..., module)
 or ("pairs", kind, culprits..., part): part "" plans a cause's pair screen and runs its
-first process, part "k" its k-th."""
+first process, part "k" its k-th, part "sK" the K-th block its sentinel did not vouch for,
+one pair at a time."""
 
 
 def explained_test(job: Job) -> str | None:
@@ -61,6 +64,10 @@ class Searches:
         self._screen_prefixes: dict[str, tuple[int | None, list[str]]] = {}  # what a screen ran
         self._screen_searched: set[str] = set()  # tests searched from their screen's prefix
         self._pair_plans: dict[tuple[str, ...], tuple[list[list[str]], set[str]]] = {}
+        self._sentinels: dict[tuple[str, ...], str] = {}  # a polluter -> its verified victim
+        self._unvouched: dict[tuple[str, ...], list[list[str]]] = {}  # blocks to pair again
+        self._pairs_only: set[tuple[str, ...]] = set()  # causes screened in pairs only: a
+        # block of their first process held a cleaner
         self._unrepeatable: set[tuple[str, ...]] = set()  # causes that failed when repeated
         self._lock = store.lock  # one lock over the evidence and what the searches hold
 
@@ -264,6 +271,8 @@ class Searches:
         pairs: list[Job] = [("pairs", kind, *culprits, "")] if first else []
         if kind != "polluter":
             return pairs
+        with self._lock:
+            self._sentinels.setdefault(tuple(culprits), victim)
         return [*pairs, *self._mirrors(culprits, victim)]
 
     def _claim_modules(self, kind: str, culprits: Sequence[str]) -> bool:
@@ -305,20 +314,39 @@ class Searches:
         repeats; the others then run beside each other on the pool. A cause that fails when
         repeated is not trusted to have acted again: a note says so, and the modules not
         covered get module screens (the cause once before a whole module) instead, as do
-        those of a replay that stopped early."""
+        those of a replay that stopped early.
+
+        A polluter with a verified victim V runs blocks instead of pairs: `P X1 ... X50 V`,
+        V the sentinel. V failing at the block's end says P's state outlived every test of
+        the block, so none of them cleaned it before the next one ran: each ran after P as
+        surely as in a pair, at about half the processes' test time. A block whose V passed
+        (a cleaner in it, or a victim whose own teardown restores) is screened again one
+        pair at a time ("sK"); and when one of the first process's blocks was, cleaners are
+        common in the suite and the cause's other processes run pairs from the start. What
+        a sentinel cannot vouch for: a cleaner of only the part of P's state that V does not
+        read, or a V that fails on its own second run."""
+        if part.startswith("s"):
+            with self._lock:
+                block = self._unvouched[culprits][int(part[1:])]
+                _, targets = self._pair_plans[culprits]
+            return self._pair_chunk(kind, culprits, block, targets, sentinel=None)
+        with self._lock:
+            sentinel = None if culprits in self._pairs_only else self._sentinels.get(culprits)
         if part == "":
             chunks, targets = self._pair_plan(kind, culprits)
             if not chunks or not self.host.budget_left():
                 return []
-            jobs = self._pair_chunk(kind, culprits, chunks[0], targets)
+            jobs = self._pair_chunk(kind, culprits, chunks[0], targets, sentinel)
             with self._lock:
                 repeats = culprits not in self._unrepeatable
+                if self._unvouched.get(culprits):  # cleaners are common here: a block
+                    self._pairs_only.add(culprits)  # would cost its pairs too, most times
             if not repeats:
                 return [*jobs, *self._module_screens(kind, culprits, chunks[1:])]
             return [*jobs, *(("pairs", kind, *culprits, str(k)) for k in range(1, len(chunks)))]
         with self._lock:
             chunks, targets = self._pair_plans[culprits]
-        return self._pair_chunk(kind, culprits, chunks[int(part)], targets)
+        return self._pair_chunk(kind, culprits, chunks[int(part)], targets, sentinel)
 
     def _pair_plan(self, kind: str, culprits: tuple[str, ...]) -> tuple[list[list[str]], set[str]]:
         """(the pair screen's processes, each a run of whole modules; its targets), fixed
@@ -336,14 +364,20 @@ class Searches:
         return chunks, targets
 
     def _pair_chunk(
-        self, kind: str, culprits: tuple[str, ...], chunk: list[str], targets: set[str]
-    ) -> list[Job]:
-        """One pair-screen process over `chunk`: trials for its hits, module screens for
-        what it did not cover."""
+        self, kind: str, culprits: tuple[str, ...], chunk: list[str], targets: set[str],
+        sentinel: str | None,
+    ) -> list[Job]:  # fmt: skip
+        """One pair-screen process over `chunk` (in blocks before `sentinel`, where there is
+        one): trials for its hits, module screens for what it did not cover, and the blocks
+        the sentinel did not vouch for screened again pair by pair."""
         want_failed = kind == "polluter"
-        sequence = [n for test in chunk for n in (*culprits, test)]
+        size = SENTINEL_EVERY if sentinel is not None else 1
+        blocks = [chunk[k : k + size] for k in range(0, len(chunk), size)]
+        tail = (sentinel,) if sentinel is not None else ()
+        sequence = [n for block in blocks for n in (*culprits, *block, *tail)]
         seed = self._first_seed()
-        found = self.host.replay(sequence, seed=seed, kind="pairs").attempts
+        done = self.host.replay(sequence, seed=seed, kind="pairs")
+        found = done.attempts
         if any(c in found and found[c].failed for c in culprits):
             with self._lock:
                 first = culprits not in self._unrepeatable
@@ -362,7 +396,34 @@ class Searches:
                 self._screen_prefixes.setdefault(n, (seed, [*culprits, *before]))
         trials: list[Job] = [("trial", kind, *culprits, n) for n in hits]
         lost = [n for n in chunk if n not in found]
-        return [*trials, *self._module_screens(kind, culprits, [lost])]
+        again = self._unvouched_blocks(culprits, blocks, sentinel, done.runs_failed, lost)
+        return [*trials, *self._module_screens(kind, culprits, [lost]), *again]
+
+    def _unvouched_blocks(
+        self, culprits: tuple[str, ...], blocks: list[list[str]], sentinel: str | None,
+        runs_failed: Mapping[str, tuple[bool, ...]], lost: list[str],
+    ) -> list[Job]:  # fmt: skip
+        """Pair-by-pair jobs for the blocks whose sentinel run did not fail, or never came
+        (a crash cut the block off: what it left unrun is the module screens' already). The
+        sentinel's runs come in the order it ran; one of them may be its own, in its
+        module's block, and is no block's end."""
+        if sentinel is None:
+            return []
+        ends = [end for block in blocks for end in [*(False for n in block if n == sentinel), True]]
+        ran = runs_failed.get(sentinel, ())
+        vouched = [failed for failed, end in zip(ran, ends, strict=False) if end]
+        vouched += [False] * (len(blocks) - len(vouched))
+        gone = set(lost)
+        jobs: list[Job] = []
+        with self._lock:
+            unvouched = self._unvouched.setdefault(culprits, [])
+            for block, held in zip(blocks, vouched, strict=True):
+                left = [n for n in block if n not in gone]
+                if held or not left:
+                    continue
+                unvouched.append(left)
+                jobs.append(("pairs", "polluter", *culprits, f"s{len(unvouched) - 1}"))
+        return jobs
 
     @staticmethod
     def _module_screens(kind: str, culprits: tuple[str, ...], chunks: list[list[str]]) -> list[Job]:

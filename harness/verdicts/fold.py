@@ -186,6 +186,18 @@ def _unrecorded(end: RunOutcome, killed: Killed) -> Attempt:
     )  # fmt: skip
 
 
+def failures_by_run(rows: Iterable[Record]) -> dict[str, tuple[bool, ...]]:
+    """Each test of one process: did each of its runs fail, in the order they ran. A test the
+    process ran more than once (the cause before each block of a screen, the victim after
+    it) is one attempt, failed if any run did; this keeps the runs apart."""
+    runs: dict[str, dict[int, bool]] = {}
+    for row in rows:
+        mine = runs.setdefault(row["nodeid"], {})
+        index = int(row.get("index", -1))
+        mine[index] = mine.get(index, False) or _failed(row)
+    return {n: tuple(failed for _, failed in sorted(by.items())) for n, by in runs.items()}
+
+
 def _failed(row: Record) -> bool:
     return row["outcome"] == "failed" or bool({Signal.CRASH, Signal.TIMEOUT} & set(row["signals"]))
 

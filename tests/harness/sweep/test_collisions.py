@@ -7,9 +7,11 @@ its partner is found by group testing over the tests that overlapped it.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import subprocess
 import threading
+import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -269,6 +271,32 @@ def test_a_failure_its_order_reproduces_goes_to_the_order_search(tmp_path: Path)
     check.run()
     assert check.store.ev(VICTIM).concurrent == [] and host.kinds["beside"] == 0
     assert host.kinds["sequence"] == 1  # failing its order once decides it
+    assert not check.store.explained(VICTIM)  # the polluter search takes it
+
+
+def test_an_order_that_decided_its_suspect_is_not_replayed_again_beside_it(
+    tmp_path: Path,
+) -> None:
+    # Two pool threads, as a sweep has: the victim failed in two processes, so two replays
+    # of its orders are queued at once. The first one fails and decides it; the second
+    # used to have chosen before that came and replay its order all the same.
+    class Threaded(PairHost):
+        def pool(self, desc: str, jobs: Sequence[Any], work: Any, target: Any = None) -> None:
+            with concurrent.futures.ThreadPoolExecutor(2) as threads:
+                list(threads.map(lambda job: work(job, 0), jobs))
+
+        def replay(self, sequence: Sequence[str], **kw: Any) -> Replayed:
+            done = super().replay(sequence, **kw)
+            if kw["kind"] == "sequence":
+                time.sleep(0.2)  # the other thread chooses meanwhile
+                done.attempts[VICTIM] = attempt(VICTIM, "sequence", "main", 0, 1, failed=True)
+            return done
+
+    host = Threaded("t.py::test_0")
+    options = SweepOptions(paths=(tmp_path,), out=tmp_path, seed=1, workers=2)
+    check = ParallelCheck(options, host, store_with_collision(tmp_path, 4))
+    check.run()
+    assert host.kinds["sequence"] == 1
     assert not check.store.explained(VICTIM)  # the polluter search takes it
 
 

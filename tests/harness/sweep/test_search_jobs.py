@@ -9,9 +9,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
+import pytest
 from serial_host import SerialHost
 
 from capsafe_harness.records import Signal
+from capsafe_harness.sweep import searches as searches_module
 from capsafe_harness.sweep.capture_sweep import CapturePhases
 from capsafe_harness.sweep.host import Replayed
 from capsafe_harness.sweep.searches import Searches
@@ -64,7 +66,19 @@ class ModelHost(SerialHost):
         label = f"{kind}-{len(self.asked)}"
         done = self.model(sequence).items()
         found = {n: attempt(n, f, label, i) for i, (n, f) in enumerate(done)}
-        return Replayed(label, found, 0, True, Path("log"))
+        return Replayed(label, found, 0, True, Path("log"), runs_failed(self.model, sequence))
+
+
+def runs_failed(model: Model, sequence: Sequence[str]) -> dict[str, tuple[bool, ...]]:
+    """Each run of each test: failed? The models fold a test's runs into one answer, so a
+    run is asked of the model as what ran before it, the test's own earlier runs left out
+    (in these models only the causes and cleaners change state, and those are never run
+    twice with their own outcome in question)."""
+    runs: dict[str, tuple[bool, ...]] = {}
+    for k, test in enumerate(sequence):
+        before = [n for n in sequence[:k] if n != test]
+        runs[test] = (*runs.get(test, ()), model([*before, test])[test])
+    return runs
 
 
 def store_after_runs(
@@ -145,16 +159,66 @@ def test_a_verified_polluter_is_replayed_before_every_test_past_the_cleaners(
 ) -> None:
     # V3 never failed in a run: CLEAN (its own module's cleaner, first in the module) always
     # ran between P and it. Screening P before V3's module runs CLEAN first too, so only P
-    # replayed directly before each test in turn (`P X1 P X2 ...`) shows it.
+    # replayed directly before each test in turn (`P X1 P X2 ...`) shows it. The block
+    # screen (`P X1 ... Xn V1`) shows V1 passing at its end: the block is paired again.
     store = store_after_runs(tmp_path, [[P, V1, CLEAN, V3, *PADS], [P, CLEAN, *PADS, V3]])
     assert store.ev(V3).failures == 0
     searches = searches_over(store, host := ModelHost())
     searches.run()
     assert store.ev(V3).polluters == [P]
-    (pairs,) = [seq for kind, seq in host.asked if kind == "pairs"]
+    block, pairs = [seq for kind, seq in host.asked if kind == "pairs"]
+    assert block.count(P) == 1 and block[0] == P and block[-1] == V1 and CLEAN in block
     assert pairs[0::2] == (P,) * (len(pairs) // 2) and V3 in pairs[1::2]
     wrong = [n for n in COLLECTED if store.ev(n).polluters and n not in (V1, V2, V3)]
     assert not wrong
+
+
+def test_a_block_its_victim_still_fails_after_needs_no_pair_by_pair_screen(
+    tmp_path: Path,
+) -> None:
+    # No cleaner: P's state outlives every test, so one process of blocks (`P X1 ... V1`)
+    # shows V2 and V3, which no run put after P, at one replay of P a block.
+    collected = (P, V1, V2, V3, *PADS)
+    store = store_after_runs(tmp_path, [[P, V1, *PADS], [V2, V3, P, *PADS]], collected=collected)
+    assert (store.ev(V1).failures, store.ev(V2).failures, store.ev(V3).failures) == (1, 0, 0)
+    searches_over(store, host := ModelHost()).run()
+    assert store.ev(V2).polluters == store.ev(V3).polluters == [P]
+    (block,) = [seq for kind, seq in host.asked if kind == "pairs"]
+    assert block.count(P) == 1 and block[-1] == V1 and {V2, V3} <= set(block)
+
+
+def test_the_sentinels_own_run_in_a_later_block_is_no_blocks_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Blocks of two: [CLEAN, V3] [PAD0, PAD1] [PAD2, PAD3] [V1, V2], each ended by V1. V1 runs
+    # five times; its fourth run is its own, in the last block. Only the first block's V1
+    # passed (CLEAN emptied it), so only that block is paired again, and V3 is found there.
+    monkeypatch.setattr(searches_module, "SENTINEL_EVERY", 2)
+    collected = (P, CLEAN, V3, *PADS, V1, V2)
+    store = store_after_runs(tmp_path, [[P, V1, *PADS], [V2, P, CLEAN, V3]], collected=collected)
+    assert (store.ev(V1).failures, store.ev(V2).failures, store.ev(V3).failures) == (1, 0, 0)
+    searches_over(store, host := ModelHost()).run()
+    assert store.ev(V2).polluters == store.ev(V3).polluters == [P]
+    blocks, pairs = [seq for kind, seq in host.asked if kind == "pairs"]
+    assert blocks.count(P) == 4 and blocks.count(V1) == 5
+    assert pairs == (P, CLEAN, P, V3)
+
+
+def test_a_cleaner_in_the_first_process_turns_the_rest_of_the_screen_to_pairs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Processes of about two tests: [CLEAN, V3] first, then the pads, then [V1, V2]. The
+    # first block's V1 passed: cleaners are common, so the later processes pair from the
+    # start instead of paying for a block and then its pairs.
+    monkeypatch.setattr(searches_module, "PAIRS_PER_REPLAY", 2)
+    collected = (P, CLEAN, V3, *PADS, V1, V2)
+    store = store_after_runs(tmp_path, [[P, V1, *PADS], [V2, P, CLEAN, V3]], collected=collected)
+    searches_over(store, host := ModelHost()).run()
+    assert store.ev(V2).polluters == store.ev(V3).polluters == [P]
+    first, *rest = [seq for kind, seq in host.asked if kind == "pairs"]
+    assert first == (P, CLEAN, V3, V1)
+    assert rest and all(seq[0::2] == (P,) * (len(seq) // 2) for seq in rest)
+    assert (P, CLEAN, P, V3) in rest and (P, PADS[0], P, PADS[1], P, PADS[2], P, PADS[3]) in rest
 
 
 A, B = "u/test_utils.py::test_a", "u/test_utils.py::test_b"  # either, then M, pollutes
@@ -230,7 +294,8 @@ def test_a_repeatable_polluters_pair_screen_is_its_module_screens_too(tmp_path: 
     assert store.ev(V2).polluters == [P]
     assert store.ev(W3).polluters == [P, G0]
     kinds = [kind for kind, _ in host.asked]
-    assert kinds.count("pairs") == 2  # P's, then that of P + G0
+    assert kinds.count("pairs") == 4  # P's, then that of P + G0: each a block that CLEAN
+    # emptied (its sentinel passed at its end), then the same tests pair by pair
     assert "screen" not in kinds
 
 
