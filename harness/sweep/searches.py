@@ -31,8 +31,9 @@ MAX_PREFIXES = 2  # failing (or passing) runs whose prefix a search tries before
 PAIRS_PER_REPLAY = 100  # tests one pair screen (`P X1 P X2 ...`) puts after a cause, in
 # whole modules (a module larger than this is one process)
 MAX_LEAKERS = 10  # tests that left the environment changed, each screened as a polluter
-SENTINEL_EVERY = 50  # tests a polluter's pair screen runs after one replay of it, before the
-# victim that says its state outlived them (`P X1 ... X50 V P X51 ...`)
+SENTINEL_EVERY = 100  # tests a polluter's pair screen runs after one replay of it, before the
+# victim that says its state outlived them (`P X1 ... X100 V P X101 ...`): the victim's
+# failure costs pytest 6-8 ms of traceback formatting, ten trivial tests' time
 
 Job = tuple[str, ...]
 """(kind, test), ("trial", kind, culprits..., test), ("screen", kind, culprits..., module)
@@ -316,7 +317,7 @@ class Searches:
         covered get module screens (the cause once before a whole module) instead, as do
         those of a replay that stopped early.
 
-        A polluter with a verified victim V runs blocks instead of pairs: `P X1 ... X50 V`,
+        A polluter with a verified victim V runs blocks instead of pairs: `P X1 ... X100 V`,
         V the sentinel. V failing at the block's end says P's state outlived every test of
         the block, so none of them cleaned it before the next one ran: each ran after P as
         surely as in a pair, at about half the processes' test time. A block whose V passed
