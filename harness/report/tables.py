@@ -8,7 +8,6 @@ caller only needs values, so pandas stays an implementation detail here.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -137,7 +136,7 @@ def per_test_table(tests: Sequence[TestVerdict], outcomes: pd.DataFrame) -> list
     over the records'; a test with no records (not collected) is `failed` if its class
     is not `pass`.
     """
-    frame = pd.DataFrame.from_records([dataclasses.asdict(t) for t in tests])
+    frame = pd.DataFrame.from_records([dict(vars(t)) for t in tests])  # no nested dataclass
     if frame.empty:
         return []
     joined = frame.join(outcomes.add_prefix("rec_"), on="nodeid")

@@ -41,7 +41,6 @@ from ..plugin import order, phase_times
 from ..records import Outcome, Signal
 from ..report import github, gpu_report, history, junit, placement
 from ..report.render import write_reports
-from ..report.rows import read_rows
 from ..report.shared import Cell, passing_phrase, suite_errors_text, worst_first
 from ..report.summary import Summary, TestVerdict
 from ..verdicts import catalogue, fold, stats
@@ -89,7 +88,7 @@ class Sweep:
         self.raw = options.out / "raw"
         self.bar = Progress(options.progress)
         self.runner = Runner(options, self.raw, on_tests=self.bar.update)
-        self.store = EvidenceStore(self.raw, options.stall_limit)
+        self.store = EvidenceStore(self.raw, options.stall_limit, options.out / "records.jsonl")
         self.capture = capture_sweep.CapturePhases(options.neighbors, store=self.store.evidence)
         self.clock = phase_times.SweepClock()
         self.host = SweepHost(options, self.runner, self.store, self.bar, self.started)
@@ -243,7 +242,8 @@ class Sweep:
         out = o.out
         store = self.store
         tests = self.verdicts(stopped=interrupted or bool(self.neighbors_problem))
-        read = read_rows(store.processes_rows(), out / "records.jsonl")  # the one read of raw/
+        store.close_records()
+        read = store.report
         summary = Summary(
             runs=len(store.run_ids), workers=o.workers, seeds=store.seeds,
             shuffles=store.shuffles, backend=backend_probe.backend_in_tests(),

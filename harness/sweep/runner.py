@@ -199,10 +199,11 @@ class Runner:
         return [os.path.relpath(p, self.cwd) for p in self.options.paths]
 
     def replay_targets(self, nodeids: Iterable[str]) -> list[str]:
-        """The files holding `nodeids`, so a replay collects only those (else every path)."""
+        """The files holding `nodeids`, so a replay collects only those (else every path);
+        each file looked up once (a pair screen names its cause hundreds of times)."""
         files: list[str] = []
-        for nodeid in nodeids:
-            found = self.rootdir / nodeid.split("::", 1)[0]
+        for path in dict.fromkeys(nodeid.split("::", 1)[0] for nodeid in nodeids):
+            found = self.rootdir / path
             if not found.exists():
                 return self.targets()
             rel = os.path.relpath(found, self.cwd)

@@ -17,7 +17,7 @@ from capsafe_harness.report import history, tables
 from capsafe_harness.report.html_page import render_html
 from capsafe_harness.report.markdown import render_markdown
 from capsafe_harness.report.render import write_reports
-from capsafe_harness.report.rows import ReportRows, read_rows
+from capsafe_harness.report.rows import ReportRows
 from capsafe_harness.report.shared import pairs, search_bound
 from capsafe_harness.report.summary import SearchRecord, Summary, TestVerdict
 from capsafe_harness.verdicts.catalogue import CLASSES
@@ -97,8 +97,11 @@ def read(rows: list[Record], out: Path) -> ReportRows:
     runs: dict[str, list[Record]] = {}
     for row in rows:
         runs.setdefault(row["run_id"], []).append(row)
-    processes = [(RunOutcome(run, 0), run_rows) for run, run_rows in runs.items()]
-    return read_rows(processes, out / "records.jsonl")
+    found = ReportRows()
+    with open(out / "records.jsonl", "w", encoding="utf-8") as records:
+        for run, run_rows in runs.items():
+            found.add(RunOutcome(run, 0), run_rows, records)
+    return found
 
 
 def test_write_reports_writes_every_file(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pandas as pd  # type: ignore[import-untyped]
 from capsafe_harness.plugin.phase_times import process_phase_seconds
 from capsafe_harness.records import Record, fold_outcome, to_json
 from capsafe_harness.report import gpu_report, placement, tables
-from capsafe_harness.report.rows import read_rows
+from capsafe_harness.report.rows import ReportRows
 from capsafe_harness.verdicts import fold
 
 FROZEN = (
@@ -60,7 +60,10 @@ TESTS = [{"nodeid": "t.py::test_cfg", "classification": "fail"}]
 
 
 def test_one_read_says_what_every_report_read_of_the_rows_says(tmp_path: Path) -> None:
-    read = read_rows(PROCESSES, tmp_path / "records.jsonl")
+    read = ReportRows()
+    with open(tmp_path / "records.jsonl", "w", encoding="utf-8") as records:
+        for end, rows in PROCESSES:
+            read.add(end, rows, records)
     every = [a for end, rows in PROCESSES for a in fold.attempts(rows, [end]).values()]
 
     assert process_phase_seconds([], read.phase_rows()) == process_phase_seconds([], ROWS)
@@ -88,6 +91,8 @@ def test_a_run_id_read_twice_folds_its_outcomes_as_one_run() -> None:
         (fold.RunOutcome("run-1", 1), phases_of("t.py::test_a", "run-1", "failed")),
     ]
     flat = [r for _, rows in twice for r in rows]
-    read = read_rows(twice)
+    read = ReportRows()
+    for end, rows in twice:
+        read.add(end, rows, None)
     assert read.outcomes == fold.attempt_outcomes(flat) == {"run-1": {"t.py::test_a": "failed"}}
     pd.testing.assert_frame_equal(read.table(), tables.outcomes_by_test(flat))
