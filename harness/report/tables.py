@@ -151,7 +151,16 @@ def per_test_table(tests: Sequence[TestVerdict], outcomes: pd.DataFrame) -> list
     joined["env_leaks"] = joined["rec_env_leaks"].apply(lambda v: v if isinstance(v, list) else [])
     joined["outcomes"] = joined["rec_outcomes"].apply(lambda v: v if isinstance(v, dict) else {})
     joined = joined.drop(columns=[c for c in joined.columns if c.startswith("rec_")])
-    return [{str(k): v for k, v in row.items()} for row in joined.astype(object).to_dict("records")]
+    return records(joined)
+
+
+def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """The frame's rows as dicts of plain Python values, column by column: `to_dict`
+    boxes each cell in a call of its own (310,000 calls, most of a 2,000-test sweep's
+    report time)."""
+    columns = [str(c) for c in frame.columns]
+    values = [frame[c].astype(object).tolist() for c in frame.columns]
+    return [dict(zip(columns, row, strict=True)) for row in zip(*values, strict=True)]
 
 
 def env_leak_text(leak: Sequence[str | None]) -> str:
@@ -223,15 +232,15 @@ def new_history_rows(
     frame.loc[failing, "last_seen"] = timestamp
     frame = frame.assign(suite=suite, sweep_id=sweep_id, timestamp=timestamp)
     return [
-        {str(k): str(v) for k, v in row.items()}
-        for row in frame.reindex(columns=list(HISTORY_COLUMNS)).to_dict("records")
+        {k: str(v) for k, v in row.items()}
+        for row in records(frame.reindex(columns=list(HISTORY_COLUMNS)))
     ]
 
 
 def of_suite(history: Iterable[Mapping[str, str]], suite: str) -> list[dict[str, str]]:
     """The rows of one suite, in file order."""
     frame = history_frame(history)
-    return [dict(r) for r in frame[frame["suite"] == suite].to_dict("records")]
+    return records(frame[frame["suite"] == suite])
 
 
 def trends(history: Iterable[Mapping[str, str]], limit: int = 20) -> dict[str, list[float]]:
