@@ -51,18 +51,28 @@ class ReportRows:
 
     def add(self, end: fold.RunOutcome, rows: Sequence[Record], records: IO[str] | None) -> None:
         """What the reports ask of one process's rows (how it ended, its rows), each row
-        written to `records` (records.jsonl) on the way."""
+        written to `records` (records.jsonl). Built apart and joined last, so that an
+        interrupt while a whole suite run's rows are read leaves none of them half in."""
+        part = ReportRows()
+        text = "".join(to_json(row) + "\n" for row in rows) if records is not None else ""
         for row in rows:
-            if records is not None:
-                records.write(to_json(row) + "\n")
-            _take(self, row)
-        for run, per_test in fold.attempt_outcomes(rows, [end]).items():
+            _take(part, row)
+        outcomes = fold.attempt_outcomes(rows, [end])
+        pinned = []
+        if end.gpu or any(r.get("gpu") for r in rows):
+            pinned = [a for a in fold.attempts(rows, [end]).values() if a.gpu]
+        for phase, seconds in part.phase_s.items():
+            self.phase_s[phase] += seconds
+        for run, per_test in outcomes.items():
             known = self.outcomes.setdefault(run, {})  # a run id is one process's
             for nodeid, outcome in per_test.items():
                 had = known.get(nodeid)
                 known[nodeid] = outcome if had is None else fold_outcome((had, outcome))
-        if end.gpu or any(r.get("gpu") for r in rows):
-            self.pinned += [a for a in fold.attempts(rows, [end]).values() if a.gpu]
+        self.said += part.said
+        self.flagged += part.flagged
+        self.pinned += pinned
+        if records is not None:
+            records.write(text)
 
 
 def _take(found: ReportRows, row: Record) -> None:

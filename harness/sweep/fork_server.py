@@ -162,6 +162,8 @@ class Server:
         self.answered = False  # said "ready" or "refused"
         self._children: dict[str, int] = {}  # job id -> child pid
         self._exits: dict[str, int] = {}  # job id -> a pidfd readable once the child ended
+        self._poll = select.poll()  # the jobs pipe and the pidfds (poll: select stops at
+        self._poll.register(jobs, select.POLLIN)  # descriptor 1024, which a suite can pass)
         self._pending = b""
         # The first test module whose import initialised CUDA (node id, path), and whether
         # CUDA was found in use before any module's collection began (a conftest, a plugin).
@@ -199,6 +201,11 @@ class Server:
         if session.config.option.collectonly:
             return None
         worker_reads.stop()
+        # What each child would do first, done once here, before the check below: an
+        # import that starts a thread or initialises CUDA refuses the server up front.
+        _import_session_end_modules(session.config)
+        captures.preload()
+        _map_source_files()
         reason = fork_refusal()
         if reason is not None:
             print(f"capsafe fork server: refused: {reason}", file=sys.stderr)  # in its log
@@ -206,9 +213,6 @@ class Server:
             self.send(event="refused", reason=reason, module=module, path=path)
             self.answered = True
             return True
-        _import_session_end_modules(session.config)
-        captures.preload()
-        _map_source_files()
         seeding.registered_seeders()  # read here once, not by every child's first test
         gc.collect()  # the garbage of start-up and collection, once, here
         gc.freeze()  # the rest is permanent: no child's collection walks (and copies) it
@@ -235,8 +239,8 @@ class Server:
         stopping = False
         while not (stopping and not self._children):
             self._reap()
-            readable, _, _ = select.select([self.jobs, *self._exits.values()], [], [], POLL_S)
-            if self.jobs not in readable:
+            events = self._poll.poll(POLL_S * 1000)
+            if not any(fd == self.jobs for fd, _ in events):
                 continue
             data = os.read(self.jobs, 1 << 16)
             if not data:  # the client died: nobody reads our children's results
@@ -279,6 +283,7 @@ class Server:
         if hasattr(os, "pidfd_open"):
             with contextlib.suppress(OSError):  # a kernel before 5.3: polled instead
                 self._exits[job.job] = os.pidfd_open(pid)
+                self._poll.register(self._exits[job.job], select.POLLIN)
         self.send(event="started", job=job.job, pid=pid)
         return False
 
@@ -288,7 +293,9 @@ class Server:
             if done:
                 del self._children[job]
                 if job in self._exits:
-                    os.close(self._exits.pop(job))
+                    exited = self._exits.pop(job)
+                    self._poll.unregister(exited)
+                    os.close(exited)
                 self.send(event="exit", job=job, returncode=os.waitstatus_to_exitcode(status))
 
     def _kill(self, job: str) -> None:

@@ -31,6 +31,9 @@ MAX_PREFIXES = 2  # failing (or passing) runs whose prefix a search tries before
 PAIRS_PER_REPLAY = 100  # tests one pair screen (`P X1 P X2 ...`) puts after a cause, in
 # whole modules (a module larger than this is one process)
 MAX_LEAKERS = 10  # tests that left the environment changed, each screened as a polluter
+UNFIT_SENTINEL = frozenset({Signal.CRASH, Signal.TIMEOUT})
+"""A victim that failed so is no sentinel: one ending each block would wait out the timeout,
+or end the process, at every block."""
 SENTINEL_EVERY = 100  # tests a polluter's pair screen runs after one replay of it, before the
 # victim that says its state outlived them (`P X1 ... X100 V P X101 ...`): the victim's
 # failure costs pytest 6-8 ms of traceback formatting, ten trivial tests' time
@@ -273,7 +276,8 @@ class Searches:
         if kind != "polluter":
             return pairs
         with self._lock:
-            self._sentinels.setdefault(tuple(culprits), victim)
+            if not UNFIT_SENTINEL & self.store.ev(victim).signals:
+                self._sentinels.setdefault(tuple(culprits), victim)
         return [*pairs, *self._mirrors(culprits, victim)]
 
     def _claim_modules(self, kind: str, culprits: Sequence[str]) -> bool:
@@ -324,8 +328,9 @@ class Searches:
         (a cleaner in it, or a victim whose own teardown restores) is screened again one
         pair at a time ("sK"); and when one of the first process's blocks was, cleaners are
         common in the suite and the cause's other processes run pairs from the start. What
-        a sentinel cannot vouch for: a cleaner of only the part of P's state that V does not
-        read, or a V that fails on its own second run."""
+        a sentinel cannot vouch for (a victim missed, never a wrong cause): a cleaner of
+        only the part of P's state that V does not read, a cleaner followed in the block
+        by a test setting the same state again, or a V that fails on its own second run."""
         if part.startswith("s"):
             with self._lock:
                 block = self._unvouched[culprits][int(part[1:])]
@@ -388,6 +393,13 @@ class Searches:
                                "test in turn: its other victims are searched module by "
                                "module")  # fmt: skip
             return self._module_screens(kind, culprits, [chunk])
+        if sentinel is not None and sentinel in found and UNFIT_SENTINEL & found[sentinel].signals:
+            with self._lock:  # it hung or crashed at a block's end: pairs from here on
+                self._pairs_only.add(culprits)
+                unvouched = self._unvouched.setdefault(culprits, [])
+                unvouched.append(chunk)
+                again: list[Job] = [("pairs", kind, *culprits, f"s{len(unvouched) - 1}")]
+            return again
         hits = [n for n in chunk if n in targets and n in found
                 and found[n].failed is want_failed]  # fmt: skip
         with self._lock:  # a search starts from what a module screen would have run

@@ -73,12 +73,12 @@ class EvidenceStore:
     def take(self, result: ProcessResult) -> None:
         """A finished process's rows, how it ended, and what the notes say of it."""
         with self.lock:
+            if self._records is None and self._records_path is not None:
+                self._records = open(self._records_path, "w", encoding="utf-8")  # noqa: SIM115
+            self.report.add(result.end, result.rows, self._records)  # first: the long part
             if not result.on_disk:
                 self._held[result.label] = result.rows
             self.ends.append(result.end)
-            if self._records is None and self._records_path is not None:
-                self._records = open(self._records_path, "w", encoding="utf-8")  # noqa: SIM115
-            self.report.add(result.end, result.rows, self._records)
             fact: dict[str, Any] = {"returncode": result.returncode, "stalled": result.stalled}
             if result.end.lost:
                 fact["lost"] = result.end.lost

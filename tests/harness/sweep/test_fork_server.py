@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -384,6 +385,28 @@ def test_an_unsafe_server_refuses_and_the_replay_runs_fresh(
     assert (forks.forked, forks.fresh) == (0, 1)
     assert list(forks.refusals.values()) == [reason]
     assert any(reason in line for line in forks.notes())
+
+
+def test_children_past_descriptor_1024_are_still_served(tmp_path: Path) -> None:
+    """A suite that keeps over a thousand files open: each child's pidfd gets a number past
+    1023, which `select` cannot wait on (the server died of ValueError at its first job)."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 1400:
+        pytest.skip(f"the hard limit on open files is {hard}, under 1400")
+    conftest = (
+        "import os, resource\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1400), hard))\n"
+        "KEPT = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]\n"
+    )
+    suite = write_suite(tmp_path / "suite", {**POLLUTED, "conftest.py": conftest})
+    server = start(suite, tmp_path)
+    try:
+        codes = [server.submit(job(tmp_path, f"many{k}", ["test_a.py::test_clean"])).wait(120)
+                 for k in range(3)]  # fmt: skip
+    finally:
+        server.close()
+    assert codes == [0, 0, 0]
 
 
 def test_each_child_draws_its_own_random_numbers(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ a verified cause replayed directly before every other test, past the cleaners.""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -219,6 +220,39 @@ def test_a_cleaner_in_the_first_process_turns_the_rest_of_the_screen_to_pairs(
     assert first == (P, CLEAN, V3, V1)
     assert rest and all(seq[0::2] == (P,) * (len(seq) // 2) for seq in rest)
     assert (P, CLEAN, P, V3) in rest and (P, PADS[0], P, PADS[1], P, PADS[2], P, PADS[3]) in rest
+
+
+class HangingHost(ModelHost):
+    """V1 times out where it fails (pytest-timeout's signal ends it, the process goes on)."""
+
+    def replay(self, sequence: Sequence[str], **kw: Any) -> Replayed:
+        done = super().replay(sequence, **kw)
+        if done.attempts.get(V1) is not None and done.attempts[V1].failed:
+            hung = dataclasses.replace(done.attempts[V1], signals=frozenset({Signal.TIMEOUT}))
+            done.attempts[V1] = hung
+        return done
+
+
+def test_a_victim_that_hangs_at_a_blocks_end_turns_the_screen_to_pairs(tmp_path: Path) -> None:
+    # It would wait out the timeout at every block's end: the chunk is screened again pair
+    # by pair, and the cause's other processes pair from the start.
+    collected = (P, V1, V2, V3, *PADS)
+    store = store_after_runs(tmp_path, [[P, V1, *PADS], [V2, V3, P, *PADS]], collected=collected)
+    searches_over(store, host := HangingHost()).run()
+    assert store.ev(V2).polluters == store.ev(V3).polluters == [P]
+    block, pairs = [seq for kind, seq in host.asked if kind == "pairs"]
+    assert block.count(P) == 1 and block[-1] == V1
+    assert pairs[0::2] == (P,) * (len(pairs) // 2) and {V2, V3} <= set(pairs[1::2])
+
+
+def test_a_victim_that_timed_out_in_a_run_is_no_sentinel(tmp_path: Path) -> None:
+    collected = (P, V1, V2, V3, *PADS)
+    store = store_after_runs(tmp_path, [[P, V1, *PADS], [V2, V3, P, *PADS]], collected=collected)
+    store.ev(V1).signals.add(Signal.TIMEOUT)
+    searches_over(store, host := ModelHost()).run()
+    assert store.ev(V2).polluters == store.ev(V3).polluters == [P]
+    (pairs,) = [seq for kind, seq in host.asked if kind == "pairs"]
+    assert pairs[0::2] == (P,) * (len(pairs) // 2)
 
 
 A, B = "u/test_utils.py::test_a", "u/test_utils.py::test_b"  # either, then M, pollutes

@@ -7,7 +7,10 @@ import tracemalloc
 from pathlib import Path
 from typing import cast
 
+import pytest
+
 from capsafe_harness.records import Record, records_path, to_json
+from capsafe_harness.report import rows as rows_module
 from capsafe_harness.sweep.runner import ProcessResult
 from capsafe_harness.sweep.store import EvidenceStore
 from capsafe_harness.verdicts import fold
@@ -105,3 +108,45 @@ def test_attempts_of_every_run_share_their_test_s_strings_and_empty_signals(
     assert first.nodeid is last.nodeid
     assert first.worker is last.worker
     assert first.signals is last.signals is fold.NO_SIGNALS
+
+
+def test_the_reports_rows_are_taken_with_each_process_and_written_once(tmp_path: Path) -> None:
+    records = tmp_path / "records.jsonl"
+    store = EvidenceStore(tmp_path, 60.0, records)
+    store.take(_process(tmp_path, "run-1", 4))
+    store.take(_process(tmp_path, "alone-2", 2))
+    store.close_records()
+    taken = records.read_text(encoding="utf-8").splitlines()
+    assert taken == [to_json(r) for r in [*_rows("run-1", 4), *_rows("alone-2", 2)]]
+    assert store.report.outcomes == {
+        "run-1": {f"test_m.py::test_{t}": "passed" for t in range(4)},
+        "alone-2": {f"test_m.py::test_{t}": "passed" for t in range(2)},
+    }
+    assert store.report.phase_s == {"setup": 0.06, "call": 0.06, "teardown": 0.06}
+
+
+def test_ctrl_c_while_a_process_is_taken_leaves_none_of_it_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A suite run's thousands of rows are read on the main thread: Ctrl-C may land there.
+    records = tmp_path / "records.jsonl"
+    store = EvidenceStore(tmp_path, 60.0, records)
+    store.take(_process(tmp_path, "run-1", 2))
+    calls = 0
+
+    def interrupted(record: Record) -> str:
+        nonlocal calls
+        calls += 1
+        if calls > 3:
+            raise KeyboardInterrupt
+        return to_json(record)
+
+    monkeypatch.setattr(rows_module, "to_json", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        store.take(_process(tmp_path, "run-2", 2))
+    monkeypatch.undo()
+    store.close_records()
+    assert [end.run_id for end in store.ends] == ["run-1"]
+    assert list(store.report.outcomes) == ["run-1"]
+    assert store.report.phase_s["call"] == 0.02
+    assert len(records.read_text(encoding="utf-8").splitlines()) == 6
