@@ -257,14 +257,17 @@ def test_a_test_the_runs_timed_long_is_still_timed_and_repeated(tmp_path: Path) 
     assert check.store.ev(VICTIM).collides_with == ["t.py::test_0"]
 
 
-def test_a_failure_its_order_reproduces_goes_to_the_order_search(tmp_path: Path) -> None:
-    class Ordered(PairHost):  # fails after what ran before it in its process
-        def replay(self, sequence: Sequence[str], **kw: Any) -> Replayed:
-            done = super().replay(sequence, **kw)
-            if kw["kind"] == "sequence":
-                done.attempts[VICTIM] = attempt(VICTIM, "sequence", "main", 0, 1, failed=True)
-            return done
+class Ordered(PairHost):
+    """The victim fails after what ran before it in its process (its order's replay)."""
 
+    def replay(self, sequence: Sequence[str], **kw: Any) -> Replayed:
+        done = super().replay(sequence, **kw)
+        if kw["kind"] == "sequence":
+            done.attempts[VICTIM] = attempt(VICTIM, "sequence", "main", 0, 1, failed=True)
+        return done
+
+
+def test_a_failure_its_order_reproduces_goes_to_the_order_search(tmp_path: Path) -> None:
     host = Ordered("t.py::test_0")
     options = SweepOptions(paths=(tmp_path,), out=tmp_path, seed=1, workers=2)
     check = ParallelCheck(options, host, store_with_collision(tmp_path, 4))
@@ -280,17 +283,15 @@ def test_an_order_that_decided_its_suspect_is_not_replayed_again_beside_it(
     # Two pool threads, as a sweep has: the victim failed in two processes, so two replays
     # of its orders are queued at once. The first one fails and decides it; the second
     # used to have chosen before that came and replay its order all the same.
-    class Threaded(PairHost):
+    class Threaded(Ordered):
         def pool(self, desc: str, jobs: Sequence[Any], work: Any, target: Any = None) -> None:
             with concurrent.futures.ThreadPoolExecutor(2) as threads:
                 list(threads.map(lambda job: work(job, 0), jobs))
 
         def replay(self, sequence: Sequence[str], **kw: Any) -> Replayed:
-            done = super().replay(sequence, **kw)
             if kw["kind"] == "sequence":
                 time.sleep(0.2)  # the other thread chooses meanwhile
-                done.attempts[VICTIM] = attempt(VICTIM, "sequence", "main", 0, 1, failed=True)
-            return done
+            return super().replay(sequence, **kw)
 
     host = Threaded("t.py::test_0")
     options = SweepOptions(paths=(tmp_path,), out=tmp_path, seed=1, workers=2)

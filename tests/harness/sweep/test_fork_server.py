@@ -348,6 +348,18 @@ def start(suite: Path, tmp_path: Path, env: dict[str, str] | None = None) -> For
     return ForkServer.start(args, suite, env or dict(os.environ), tmp_path / "server", 120)
 
 
+def in_turn(
+    server: ForkServer, tmp_path: Path, label: str, nodeid: str, times: int, timeout: float
+) -> list[int]:
+    """`nodeid` as `times` jobs one after the other (`label`0, `label`1, ...) on `server`,
+    closed after: their exit codes."""
+    try:
+        return [server.submit(job(tmp_path, f"{label}{k}", [nodeid])).wait(timeout)
+                for k in range(times)]  # fmt: skip
+    finally:
+        server.close()
+
+
 def job(tmp_path: Path, label: str, nodeids: Sequence[str]) -> Job:
     return Job(job=label, nodeids=tuple(nodeids), records=str(tmp_path / label),
                run_id=label, log=str(tmp_path / f"{label}.log"))  # fmt: skip
@@ -401,11 +413,7 @@ def test_children_past_descriptor_1024_are_still_served(tmp_path: Path) -> None:
     )
     suite = write_suite(tmp_path / "suite", {**POLLUTED, "conftest.py": conftest})
     server = start(suite, tmp_path)
-    try:
-        codes = [server.submit(job(tmp_path, f"many{k}", ["test_a.py::test_clean"])).wait(120)
-                 for k in range(3)]  # fmt: skip
-    finally:
-        server.close()
+    codes = in_turn(server, tmp_path, "many", "test_a.py::test_clean", 3, 120)
     assert codes == [0, 0, 0]
 
 
@@ -423,11 +431,7 @@ def test_each_child_draws_its_own_random_numbers(tmp_path: Path) -> None:
     shared = tmp_path / "shared"
     shared.mkdir()
     server = start(suite, tmp_path, {**os.environ, "CAPSAFE_SWEEP_SHARED": str(shared)})
-    try:
-        codes = [server.submit(job(tmp_path, f"draw{k}", ["test_draw.py::test_draw"])).wait(120)
-                 for k in range(3)]  # fmt: skip
-    finally:
-        server.close()
+    codes = in_turn(server, tmp_path, "draw", "test_draw.py::test_draw", 3, 120)
     assert codes == [0, 0, 0]
     draws = [p.read_text().split() for p in shared.iterdir()]
     assert len(draws) == 3
@@ -491,11 +495,7 @@ def test_torch_asked_at_import_whether_cuda_is_available_still_forks(tmp_path: P
     suite = write_suite(tmp_path / "suite", {"test_torch.py": TORCH_GPU_TEST})
     env = {k: v for k, v in os.environ.items() if k != "PYTORCH_NVML_BASED_CUDA_CHECK"}
     server = start(suite, tmp_path, env)
-    try:
-        codes = [server.submit(job(tmp_path, f"t{k}", ["test_torch.py::test_gpu"])).wait(300)
-                 for k in range(2)]  # fmt: skip
-    finally:
-        server.close()
+    codes = in_turn(server, tmp_path, "t", "test_torch.py::test_gpu", 2, 300)
     assert codes == [0, 0]
 
 
@@ -639,11 +639,7 @@ def test_a_forked_child_initialises_cuda_itself(tmp_path: Path) -> None:
     )
     suite = write_suite(tmp_path / "suite", {"test_gpu.py": test})
     server = start(suite, tmp_path)
-    try:
-        codes = [server.submit(job(tmp_path, f"gpu{k}", ["test_gpu.py::test_device"])).wait(300)
-                 for k in range(2)]  # fmt: skip
-    finally:
-        server.close()
+    codes = in_turn(server, tmp_path, "gpu", "test_gpu.py::test_device", 2, 300)
     assert codes == [0, 0]
 
 

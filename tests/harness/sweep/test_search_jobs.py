@@ -188,6 +188,15 @@ def test_a_block_its_victim_still_fails_after_needs_no_pair_by_pair_screen(
     assert block.count(P) == 1 and block[-1] == V1 and {V2, V3} <= set(block)
 
 
+def store_cleaner_first(tmp_path: Path) -> EvidenceStore:
+    """P's screen meets CLEAN first, V3 behind it, then the pads, then V1 (the sentinel)
+    and V2; only V1 failed in a run."""
+    collected = (P, CLEAN, V3, *PADS, V1, V2)
+    store = store_after_runs(tmp_path, [[P, V1, *PADS], [V2, P, CLEAN, V3]], collected=collected)
+    assert (store.ev(V1).failures, store.ev(V2).failures, store.ev(V3).failures) == (1, 0, 0)
+    return store
+
+
 def test_the_sentinels_own_run_in_a_later_block_is_no_blocks_end(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -195,9 +204,7 @@ def test_the_sentinels_own_run_in_a_later_block_is_no_blocks_end(
     # five times; its fourth run is its own, in the last block. Only the first block's V1
     # passed (CLEAN emptied it), so only that block is paired again, and V3 is found there.
     monkeypatch.setattr(searches_module, "SENTINEL_EVERY", 2)
-    collected = (P, CLEAN, V3, *PADS, V1, V2)
-    store = store_after_runs(tmp_path, [[P, V1, *PADS], [V2, P, CLEAN, V3]], collected=collected)
-    assert (store.ev(V1).failures, store.ev(V2).failures, store.ev(V3).failures) == (1, 0, 0)
+    store = store_cleaner_first(tmp_path)
     searches_over(store, host := ModelHost()).run()
     assert store.ev(V2).polluters == store.ev(V3).polluters == [P]
     blocks, pairs = [seq for kind, seq in host.asked if kind == "pairs"]
@@ -212,8 +219,7 @@ def test_a_cleaner_in_the_first_process_turns_the_rest_of_the_screen_to_pairs(
     # first block's V1 passed: cleaners are common, so the later processes pair from the
     # start instead of paying for a block and then its pairs.
     monkeypatch.setattr(searches_module, "PAIRS_PER_REPLAY", 2)
-    collected = (P, CLEAN, V3, *PADS, V1, V2)
-    store = store_after_runs(tmp_path, [[P, V1, *PADS], [V2, P, CLEAN, V3]], collected=collected)
+    store = store_cleaner_first(tmp_path)
     searches_over(store, host := ModelHost()).run()
     assert store.ev(V2).polluters == store.ev(V3).polluters == [P]
     first, *rest = [seq for kind, seq in host.asked if kind == "pairs"]
