@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from ..plugin import order
-from ..records import Signal, load_records
+from ..records import Record, Signal, load_records
 from .executor import (
     SWEEP_TMP_ENV,
     Exit,
@@ -136,6 +136,7 @@ class ForkExecutor(LocalExecutor):
         # when it did not, None before that; and how many ran forked.
         self.run_plan: bool | str | None = None
         self.runs_forked = 0
+        self.undecided: list[str] = []  # xdist runs that could not check the plan, and why
         self._run_shares: dict[int, tuple[SuiteRun, list[list[str]]]] = {}  # id(launch) ->
         self._closing = False
         self._count = threading.Lock()
@@ -255,13 +256,14 @@ class ForkExecutor(LocalExecutor):
         """After an xdist run, before any forked one: do its records follow the plan for its
         seed? Decided by the first run that ended cleanly (no crash, stall or stop)."""
         with self._count:
-            if self.run_plan is not None or self._closing:
-                return
-        if end.returncode not in (0, 1) or end.stalled or end.interrupted or end.lost:
-            return  # the next run decides
+            if self.run_plan is not None or self._closing or end.interrupted:
+                return  # a stopped sweep runs no next run
         rows, _ = load_records(launch.records)
-        if any(Signal.CRASH in row["signals"] for row in rows):
-            return  # a replaced worker restarts its count
+        unclean = _unclean(end, rows)
+        if unclean:
+            with self._count:
+                self.undecided.append(f"{launch.label} ({unclean})")
+            return  # the next run decides
         server = self._server(launch, run.replay, {**inherited_environ(), **launch.env})
         if server is None or run.replay.seed is None:
             verdict: bool | str = "their fork server refused (see its note)"
@@ -299,7 +301,14 @@ class ForkExecutor(LocalExecutor):
         with starting:
             if key in self._servers:
                 known = self._servers[key]
-                return known if known is not None and known.alive else None
+                if known is None or known.alive:
+                    return known
+                with self._count:  # what would have forked runs fresh from now on: say why
+                    if not self._closing:
+                        self.refusals.setdefault(f"{launch.cwd} ({known.log.parent.name})",
+                                                 f"it died (exit {known.proc.poll()}; see "
+                                                 f"{known.log})")  # fmt: skip
+                return None
             workdir = self.workdir / f"server-{number}"
             scratch = workdir / "tmp"  # the server's own CAPSAFE_SWEEP_TMP: each job sets its own
             scratch.mkdir(parents=True, exist_ok=True)
@@ -351,6 +360,10 @@ class ForkExecutor(LocalExecutor):
                              "per xdist worker, once an xdist run matched their plan")  # fmt: skip
             elif isinstance(self.run_plan, str):
                 lines.append(f"fork server: suite runs ran under xdist: {self.run_plan}")
+            if self.undecided:
+                lines.append(f"fork server: {', '.join(self.undecided)} could not show that "
+                             "xdist runs the plan, so the next suite run ran under xdist "
+                             "too")  # fmt: skip
             lines += [f"fork server: {module} initialises CUDA at import ({why}); the server "
                       "leaves it out and each child that runs its tests collects it"
                       for module, why in sorted(self.unforkable.items())]  # fmt: skip
@@ -369,6 +382,19 @@ class ForkExecutor(LocalExecutor):
             servers = list(self._spawned)
         for server in servers:  # also one still collecting (a prestart): it is killed
             server.close()
+
+
+def _unclean(end: Exit, rows: Sequence[Record]) -> str:
+    """Why an xdist run cannot show whether its split is the plan; "" when it can."""
+    if end.stalled:
+        return "stalled"
+    if end.lost:
+        return f"lost: {end.lost}"
+    if end.returncode not in (0, 1):
+        return f"pytest exited {end.returncode}"
+    if any(Signal.CRASH in row["signals"] for row in rows):
+        return "a worker crashed, and its replacement restarts its count"
+    return ""
 
 
 def _same_file(target: Path, path: str) -> bool:

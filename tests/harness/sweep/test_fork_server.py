@@ -151,6 +151,9 @@ def test_a_sweep_with_the_fork_server_gives_the_summary_a_fresh_one_does(
     fresh, _ = sweep_summary(SUITES / name, tmp_path / "fresh", fork=False)
     forked, notes = sweep_summary(SUITES / name, tmp_path / "forked", fork=True)
     assert forked == fresh
+    undecided = [n for n in notes if " could not show that xdist runs the plan" in n]
+    assert bool(undecided) == (name in CRASH_EVERY_RUN), notes  # a run that crashed says so
+    notes = [n for n in notes if n not in undecided]
     runs = [n for n in notes[1:] if "suite run" in n]  # the runs after the first: forked
     if name in REFUSED:
         assert notes[0].startswith("fork server: 0 replay(s) forked")
@@ -682,6 +685,24 @@ def test_a_job_the_server_declines_runs_as_a_fresh_process(
     assert first.rows[0]["pid"] != second.rows[0]["pid"]
     assert (forks.forked, forks.fresh) == (1, 1)
     assert "1 other thread(s) alive after collection: late" in forks.refusals.values()
+
+
+def test_a_server_that_died_between_jobs_runs_the_rest_fresh_and_says_why(
+    tmp_path: Path, forks: ForkExecutor
+) -> None:
+    """A dead server is not started again, and was silent: every later replay (and suite
+    run) ran fresh with no reason in the report."""
+    suite = write_suite(tmp_path / "suite", POLLUTED)
+    runner = make_runner(suite, tmp_path / "raw", forks)
+    first = replay(runner, "alone-1", ["test_a.py::test_clean"], None)
+    (server,) = (s for s in forks._servers.values() if s is not None)
+    os.kill(server.proc.pid, signal.SIGKILL)
+    server.proc.wait()
+    second = replay(runner, "alone-2", ["test_a.py::test_clean"], None)
+    assert [r["outcome"] for r in first.rows + second.rows] == ["passed"] * 6
+    assert (forks.forked, forks.fresh) == (1, 1)
+    (why,) = forks.refusals.values()
+    assert why == f"it died (exit -9; see {server.log})"
 
 
 def test_the_checks_name_a_live_thread_and_pass_without_one(
