@@ -362,8 +362,8 @@ class ForkExecutor(LocalExecutor):
                 lines.append(f"fork server: suite runs ran under xdist: {self.run_plan}")
             if self.undecided:
                 lines.append(f"fork server: {', '.join(self.undecided)} could not show that "
-                             "xdist runs the plan, so the next suite run ran under xdist "
-                             "too")  # fmt: skip
+                             "xdist runs the plan, so the next suite run (if any) ran "
+                             "under xdist too")  # fmt: skip
             lines += [f"fork server: {module} initialises CUDA at import ({why}); the server "
                       "leaves it out and each child that runs its tests collects it"
                       for module, why in sorted(self.unforkable.items())]  # fmt: skip

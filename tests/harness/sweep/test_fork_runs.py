@@ -114,11 +114,11 @@ def test_a_run_that_cannot_show_the_plan_leaves_it_to_the_next_and_says_so(
     tmp_path: Path,
 ) -> None:
     """A first xdist run that stalled, crashed or exited oddly decides nothing: the next
-    run is under xdist too, and the report said nothing of it."""
+    run is under xdist too, and the report says why (it said nothing before)."""
     suite = write_suite(tmp_path / "suite", {"conftest.py": EXITS_3_IN_RUN_1, "test_many.py": MANY})
     notes = fork_notes(sweep(suite, tmp_path / "out"))
     assert "fork server: run-1 (pytest exited 3) could not show that xdist runs the plan, " \
-           "so the next suite run ran under xdist too" in notes, notes  # fmt: skip
+           "so the next suite run (if any) ran under xdist too" in notes, notes  # fmt: skip
     assert any(n.startswith("fork server: 1 suite run(s) forked") for n in notes), notes
 
 
