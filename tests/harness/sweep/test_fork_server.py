@@ -690,8 +690,8 @@ def test_a_job_the_server_declines_runs_as_a_fresh_process(
 def test_a_server_that_died_between_jobs_runs_the_rest_fresh_and_says_why(
     tmp_path: Path, forks: ForkExecutor
 ) -> None:
-    """A dead server is not started again, and was silent: every later replay (and suite
-    run) ran fresh with no reason in the report."""
+    """A dead server is not started again: every later replay (and suite run) runs fresh,
+    and the report says why (before 2026-12-03 it gave no reason)."""
     suite = write_suite(tmp_path / "suite", POLLUTED)
     runner = make_runner(suite, tmp_path / "raw", forks)
     first = replay(runner, "alone-1", ["test_a.py::test_clean"], None)
